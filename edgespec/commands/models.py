@@ -1,0 +1,170 @@
+"""`edgespec models`: list, pull, verify, remove and locate model files."""
+
+from __future__ import annotations
+
+import json
+
+from rich.console import Console
+from rich.table import Table
+
+from ..paths import format_bytes, user_registry_path
+from ..registry import PairSpec
+from ..store import ModelStatus, ModelStore
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "models",
+        help="list, pull, verify and remove model files",
+        description="Manage the GGUF files edgespec uses. Models and pairs come from models.toml; "
+        f"add your own in {user_registry_path()}.",
+    )
+    actions = p.add_subparsers(dest="action", metavar="ACTION")
+    p.set_defaults(run=run_list, json=False)
+
+    ls = actions.add_parser("list", help="models and pairs: role, size, installed, verified, path")
+    ls.add_argument("--json", action="store_true", help="print a JSON list of models and pairs")
+    ls.set_defaults(run=run_list)
+
+    pull = actions.add_parser("pull", help="install a model or both models of a pair")
+    pull.add_argument("name", metavar="NAME|PAIR")
+    pull.set_defaults(run=run_pull)
+
+    verify = actions.add_parser("verify", help="recompute sha256 of installed models (all, or NAME|PAIR)")
+    verify.add_argument("name", nargs="?", metavar="NAME|PAIR")
+    verify.set_defaults(run=run_verify)
+
+    rm = actions.add_parser("rm", help="delete an installed model file")
+    rm.add_argument("name", metavar="NAME")
+    rm.set_defaults(run=run_rm)
+
+    path = actions.add_parser("path", help="print where a model file is (a local .gguf path prints itself)")
+    path.add_argument("name", metavar="NAME")
+    path.set_defaults(run=run_path)
+
+
+def run_list(args) -> int:
+    store = ModelStore()
+    statuses = store.statuses()
+    if args.json:
+        rows = [_model_json(s) for s in statuses] + [
+            _pair_json(store, p) for p in store.registry.pairs.values()
+        ]
+        print(json.dumps(rows, indent=2))
+        return 0
+    console = Console()
+    console.print(_models_table(statuses))
+    console.print(_pairs_table(store))
+    console.print(f"models dir: {store.models_dir}")
+    console.print(f"registry:   {', '.join(store.registry.files)}")
+    if str(user_registry_path()) not in store.registry.files:
+        console.print(f"            (add your own models and pairs in {user_registry_path()})")
+    return 0
+
+
+def run_pull(args) -> int:
+    store = ModelStore()
+    names = _model_names(store, args.name)
+    before = {name: store.is_installed(name) for name in names}
+    for name, path in zip(names, store.pull(args.name), strict=True):
+        print(f"{name}: {'already installed' if before[name] else 'installed'} at {path}")
+    return 0
+
+
+def run_verify(args) -> int:
+    store = ModelStore()
+    if args.name:
+        names = _model_names(store, args.name)
+    else:
+        names = [name for name in store.registry.models if store.is_installed(name)]
+        if not names:
+            print("no models installed; nothing to verify")
+            return 0
+    results = [store.verify(name) for name in names]
+    for result in results:
+        print(f"{result.status:<9} {result.name}  {result.describe()}")
+    return 0 if all(result.ok for result in results) else 1
+
+
+def run_rm(args) -> int:
+    path = ModelStore().remove(args.name)
+    print(f"removed {path}")
+    return 0
+
+
+def run_path(args) -> int:
+    print(ModelStore().path_for(args.name))
+    return 0
+
+
+def _model_names(store: ModelStore, name_or_pair: str) -> list[str]:
+    if name_or_pair in store.registry.pairs:
+        pair = store.registry.pairs[name_or_pair]
+        return [pair.target.name, pair.draft.name]
+    return [store.registry.model(name_or_pair).name]
+
+
+def _model_json(status: ModelStatus) -> dict:
+    spec = status.spec
+    return {
+        "kind": "model",
+        "name": spec.name,
+        "role": status.role,
+        "installed": status.installed,
+        "verified": status.verified,
+        "path": str(status.path),
+        "size": status.size,
+        "sha256": spec.sha256,
+        "quant": spec.quant,
+        "tokenizer": spec.tokenizer,
+        "source": spec.describe_source(),
+    }
+
+
+def _pair_json(store: ModelStore, pair: PairSpec) -> dict:
+    members = [store.status(pair.target.name), store.status(pair.draft.name)]
+    return {
+        "kind": "pair",
+        "name": pair.name,
+        "role": "pair",
+        "installed": all(m.installed for m in members),
+        "verified": all(m.verified for m in members),
+        "path": None,
+        "target": pair.target.name,
+        "draft": pair.draft.name,
+        "strategy": pair.strategy,
+        "budget": pair.budget,
+        "params": dict(pair.params),
+        "default": pair.name == store.registry.default_pair_name,
+    }
+
+
+def _models_table(statuses: list[ModelStatus]) -> Table:
+    table = Table(title="models", title_justify="left")
+    for column in ("name", "role", "quant", "size", "installed", "verified"):
+        table.add_column(column, no_wrap=column == "name")
+    table.add_column("source / path", overflow="fold")
+    for s in statuses:
+        table.add_row(
+            s.spec.name,
+            s.role or "-",
+            s.spec.quant,
+            format_bytes(s.size) if s.size else "?",
+            "[green]yes[/]" if s.installed else "no",
+            "[green]yes[/]" if s.verified else ("[yellow]no[/]" if s.installed else "-"),
+            str(s.path) if s.installed else s.spec.describe_source(),
+        )
+    return table
+
+
+def _pairs_table(store: ModelStore) -> Table:
+    table = Table(title="pairs", title_justify="left")
+    for column in ("name", "target", "draft", "strategy", "budget", "params"):
+        table.add_column(column, no_wrap=column == "name")
+    for pair in store.registry.pairs.values():
+        default = " [bold](default)[/]" if pair.name == store.registry.default_pair_name else ""
+        params = ", ".join(f"{k}={v}" for k, v in pair.params.items())
+        table.add_row(
+            pair.name + default, pair.target.name, pair.draft.name, pair.strategy, str(pair.budget), params
+        )
+    return table

@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from edgespec.commands import models
+from edgespec.errors import EdgespecError
+
+
+@dataclass(frozen=True)
+class EdgespecEnv:
+    """An isolated EDGESPEC_HOME (models) and EDGESPEC_CONFIG (the user's models.toml)."""
+
+    home: Path
+    config: Path
+
+    @property
+    def user_registry(self) -> Path:
+        return self.config / "models.toml"
+
+    def write_registry(self, text: str) -> Path:
+        self.user_registry.write_text(text)
+        return self.user_registry
+
+
+@pytest.fixture
+def edgespec_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> EdgespecEnv:
+    env = EdgespecEnv(home=tmp_path / "home", config=tmp_path / "config")
+    env.config.mkdir()
+    monkeypatch.setenv("EDGESPEC_HOME", str(env.home))
+    monkeypatch.setenv("EDGESPEC_CONFIG", str(env.config))
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    return env
+
+
+@pytest.fixture
+def models_cli() -> Callable[..., int]:
+    """Runs ``edgespec models ARGV...`` in-process the way ``edgespec.cli.main`` does; returns the exit code.
+
+    Only the ``models`` subcommand is registered, so these tests do not need llama.cpp.
+    """
+
+    def run(*argv: str) -> int:
+        parser = argparse.ArgumentParser(prog="edgespec")
+        models.register(parser.add_subparsers(dest="command"))
+        args = parser.parse_args(["models", *argv])
+        try:
+            return int(args.run(args) or 0)
+        except EdgespecError as exc:
+            print(f"edgespec: error: {exc}", file=sys.stderr)
+            return 1
+
+    return run
