@@ -1,0 +1,95 @@
+"""`edgespec generate PROMPT`: one answer, streamed to stdout, or one JSON object with --json."""
+
+from __future__ import annotations
+
+import json
+import sys
+from time import perf_counter
+
+from .. import options
+from ..chat import ChatSettings, Message, stream_reply
+from ..events import GenerationStats
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "generate",
+        help="answer one prompt (streams text, or --json for tokens and statistics)",
+        description="Answer one prompt with speculative decoding. The prompt is sent as a user message "
+        "through the model's chat template unless --raw is given.",
+    )
+    p.add_argument("prompt", help="the prompt text ('-' reads standard input)")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--system", default="", help="system prompt")
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--json", action="store_true", help="print one JSON object with text, tokens and stats")
+    p.add_argument("--steps", action="store_true", help="with --json: include per-step statistics")
+    options.add_model_args(p)
+    options.add_sampling_args(p)
+    options.add_strategy_args(p)
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    resolved, pair = options.open_pair(args, need_draft=args.strategy != "none")
+    with pair:
+        planner = options.make_planner(args, resolved)
+        settings = ChatSettings(
+            sampling=options.sampling_params(args),
+            max_tokens=args.max_tokens,
+            system_prompt=args.system,
+            stop=tuple(args.stop),
+        )
+        stats = GenerationStats()
+        text, tokens, margins, steps = [], [], [], []
+        finish = None
+        start = perf_counter()
+        for event in stream_reply(pair, planner, [Message("user", prompt)], settings, stats=stats):
+            text.append(event.text)
+            tokens.extend(t.id for t in event.tokens)
+            margins.extend(round(t.margin, 4) for t in event.tokens)
+            finish = event.finish_reason or finish
+            if args.steps and event.verified_nodes:
+                steps.append(_step_record(event))
+            if not args.json:
+                print(event.text, end="", flush=True)
+        wall = perf_counter() - start
+    if args.json:
+        out = {
+            "text": "".join(text),
+            "tokens": tokens,
+            "finish_reason": finish,
+            "pair": resolved.name,
+            "strategy": args.strategy if planner is None else planner.name,
+            "strategy_params": "" if planner is None else planner.describe(),
+            "stats": {**stats.as_dict(), "wall_seconds": wall},
+            "margins": margins,
+        }
+        if args.steps:
+            out["steps"] = steps
+        print(json.dumps(out, ensure_ascii=False))
+    else:
+        print()
+        print(
+            f"[{stats.tokens} tokens, {stats.tokens_per_second:.1f} tok/s, "
+            f"MAL {stats.mean_accepted_length:.2f}, acceptance {stats.acceptance_rate:.0%}]",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _step_record(event) -> dict:
+    return {
+        "tokens": len(event.tokens),
+        "accepted": event.accepted,
+        "drafted": event.drafted,
+        "verified_nodes": event.verified_nodes,
+        "depth": event.depth,
+        "leaves": event.leaves,
+        "draft_decodes": event.draft_decodes,
+        "expected_accept": round(event.expected_accept, 4),
+        "merges": event.merges,
+        "graph_success": event.graph_success,
+        "provenance": [t.provenance.value for t in event.tokens],
+    }

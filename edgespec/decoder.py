@@ -1,0 +1,186 @@
+"""Plain decoding and the speculative loop: plan → pack → verify → commit.
+
+Each step makes exactly one target decode and yields a ``StepEvent`` with the tokens it committed,
+each marked with its provenance. The loop runs on any object with the ``ModelPair`` shape (the real
+engine, or a small fake in unit tests).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from time import perf_counter
+
+import numpy as np
+
+from .events import EmittedToken, Provenance, StepEvent, StepTimings
+from .planner.tree import DraftTree, PlanContext, Planner
+from .sampling import SamplingParams, sample, target_probs, top2_margin
+from .text import Detokenizer, StopStrings
+from .verify import Verdict, verify_greedy, verify_sampling
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt: Sequence[int]  # token ids; the last one becomes the first pending root
+    max_tokens: int = 256
+    sampling: SamplingParams = SamplingParams()
+    stop: Sequence[str] = ()
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One step before text and stop handling."""
+
+    tokens: tuple[EmittedToken, ...]
+    next_root: int
+    event: StepEvent
+
+
+def generate(
+    pair, planner: Planner | None, request: Request, cancel: threading.Event | None = None
+) -> Iterator[StepEvent]:
+    """Stream the answer to ``request``; ``planner=None`` decodes plainly (one token per step)."""
+    rng = np.random.default_rng(request.sampling.seed)
+    pair.target.sync(request.prompt[:-1])
+    if planner is not None:
+        pair.draft.sync(request.prompt)
+    root = int(request.prompt[-1])
+    detok = Detokenizer(pair.target.model.piece)
+    stops = StopStrings(request.stop)
+    produced = 0
+    while True:
+        if cancel is not None and cancel.is_set():
+            yield _finish("cancelled", stops.flush())
+            return
+        room = pair.target.n_ctx - len(pair.target.committed)
+        if room < 1:
+            yield _finish("context", stops.flush())
+            return
+        if planner is None:
+            step = plain_step(pair.target, root, request.sampling, rng)
+        else:
+            step = speculative_step(
+                pair, planner, root, request.sampling, rng, max_nodes=min(room, pair.max_nodes)
+            )
+        root = step.next_root
+        tokens, finish = _cut(step.tokens, pair.target.model, request.max_tokens - produced)
+        produced += len(tokens)
+        text = stops.feed("".join(detok.push(t.id) for t in tokens))
+        if stops.stopped:
+            finish = "stop"
+        if finish is not None:
+            text += detok.flush() if finish != "stop" else ""
+        yield _with(step.event, tokens=tokens, text=text, finish_reason=finish)
+        if finish is not None:
+            return
+
+
+def _cut(tokens: tuple[EmittedToken, ...], model, budget: int) -> tuple[tuple[EmittedToken, ...], str | None]:
+    """Stop at end-of-generation tokens (not shown) and at the token budget."""
+    for i, tok in enumerate(tokens):
+        if model.is_eog(tok.id):
+            return tokens[:i], "stop"
+    if len(tokens) >= budget:
+        return tokens[:budget], "length"
+    return tokens, None
+
+
+def _finish(reason: str, text: str) -> StepEvent:
+    return StepEvent(
+        tokens=(),
+        text=text,
+        drafted=0,
+        accepted=0,
+        timings=StepTimings(),
+        verified_nodes=0,
+        finish_reason=reason,
+    )
+
+
+def _with(event: StepEvent, **changes) -> StepEvent:
+    return replace(event, **changes)
+
+
+# -- plain decoding ---------------------------------------------------------------------------------
+def plain_step(target, root: int, params: SamplingParams, rng: np.random.Generator) -> _Step:
+    start = perf_counter()
+    row = target.decode_root(root)
+    verified = perf_counter()
+    token = int(np.argmax(row)) if params.greedy else sample(target_probs(row, params), rng)
+    emitted = (EmittedToken(token, Provenance.TARGET, top2_margin(row)),)
+    timings = StepTimings(verify=verified - start, bookkeeping=perf_counter() - verified)
+    event = StepEvent(tokens=emitted, text="", drafted=0, accepted=0, timings=timings)
+    return _Step(emitted, token, event)
+
+
+# -- speculative decoding ---------------------------------------------------------------------------
+def speculative_step(
+    pair, planner: Planner, root: int, params: SamplingParams, rng: np.random.Generator, max_nodes: int
+) -> _Step:
+    draft, target = pair.draft, pair.target
+    tree, plan_seconds = plan(draft, planner, root, params, rng, max_nodes)
+    start = perf_counter()
+    layout, target_rows = target.verify(tree)  # pack + the one target decode
+    verified = perf_counter()
+    verdict = decide(tree, target_rows, params, rng)
+    emitted = provenance(tree, verdict, target_rows)
+    target.commit(tree, layout, verdict.path)
+    draft.commit(tree, verdict.path, verdict.next_token)
+    timings = StepTimings(
+        draft=draft.decode_seconds,
+        plan=plan_seconds - draft.decode_seconds,
+        verify=verified - start,
+        bookkeeping=perf_counter() - verified,
+    )
+    event = StepEvent(
+        tokens=emitted,
+        text="",
+        drafted=tree.size - 1,
+        accepted=verdict.accepted,
+        timings=timings,
+        tree=tree,
+        accepted_path=verdict.path,
+        verified_nodes=tree.size,
+        draft_decodes=draft.decodes,
+        depth=int(tree.depth.max()),
+        leaves=len(tree.leaves),
+        expected_accept=tree.stats.expected_accept,
+        merges=tree.stats.merges,
+        graph_success=bool(tree.merged[list(verdict.path)].any()),
+    )
+    return _Step(emitted, verdict.next_token, event)
+
+
+def plan(
+    draft, planner: Planner, root: int, params: SamplingParams, rng, max_nodes: int
+) -> tuple[DraftTree, float]:
+    """Grow this step's draft tree (the draft model decodes level by level inside)."""
+    start = perf_counter()
+    draft.begin_step(params.temperature)
+    tree = planner.plan(root, draft, PlanContext(sampling=not params.greedy, rng=rng, max_nodes=max_nodes))
+    return tree, perf_counter() - start
+
+
+def decide(tree: DraftTree, target_rows: np.ndarray, params: SamplingParams, rng) -> Verdict:
+    """Apply the verification rule to the target's rows (one per tree node)."""
+    if params.greedy:
+        return verify_greedy(tree, lambda node: int(np.argmax(target_rows[node])))
+    return verify_sampling(tree, lambda node: target_probs(target_rows[node], params), rng)
+
+
+def provenance(tree: DraftTree, verdict: Verdict, target_rows: np.ndarray) -> tuple[EmittedToken, ...]:
+    """The committed tokens: accepted drafts (decided at their parent's row), then the target's own."""
+    emitted = [
+        EmittedToken(
+            int(tree.tokens[node]),
+            Provenance.MERGED if tree.merged[node] else Provenance.DRAFT,
+            top2_margin(target_rows[tree.parents[node]]),
+        )
+        for node in verdict.path[1:]
+    ]
+    emitted.append(
+        EmittedToken(verdict.next_token, Provenance.TARGET, top2_margin(target_rows[verdict.path[-1]]))
+    )
+    return tuple(emitted)

@@ -1,0 +1,240 @@
+"""Every call into llama.cpp lives here (llama-cpp-python 0.3.36 low-level API).
+
+Thin owning wrappers in the style of llama-cpp-python's own ``_internals``: each C resource has one
+owner with ``close()``, and non-zero return codes become ``EngineError`` with what to do.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import llama_cpp as C
+import numpy as np
+
+from ..errors import EngineError
+
+LLAMA_MAX_SEQ = 256  # llama.cpp's compile-time limit on sequence ids per context
+_BACKEND_READY = False
+
+
+def _ensure_backend() -> None:
+    global _BACKEND_READY
+    if not _BACKEND_READY:
+        C.llama_log_set(_SILENT_LOG, ctypes.c_void_p(0))
+        C.llama_backend_init()
+        _BACKEND_READY = True
+
+
+@C.llama_log_callback
+def _SILENT_LOG(level, text, user_data):  # noqa: N802 - a C callback object
+    if os.environ.get("EDGESPEC_LLAMA_LOG"):
+        print(text.decode("utf-8", errors="replace"), end="", flush=True)
+
+
+def supports_gpu_offload() -> bool:
+    return bool(C.llama_supports_gpu_offload())
+
+
+def system_info() -> str:
+    return C.llama_print_system_info().decode("utf-8", errors="replace")
+
+
+class Model:
+    """A loaded GGUF (weights + vocabulary)."""
+
+    def __init__(self, path: str, n_gpu_layers: int = 0, repack: bool = True):
+        _ensure_backend()
+        params = C.llama_model_default_params()
+        params.n_gpu_layers = n_gpu_layers
+        params.use_extra_bufts = repack
+        self.path = path
+        self.ptr = C.llama_model_load_from_file(path.encode("utf-8"), params)
+        if not self.ptr:
+            raise EngineError(
+                f"llama.cpp could not load {path}. Check that the file is a complete GGUF "
+                "(`edgespec models verify`) and that this llama-cpp-python build supports its architecture; "
+                "set EDGESPEC_LLAMA_LOG=1 to see llama.cpp's own messages."
+            )
+        self.vocab = C.llama_model_get_vocab(self.ptr)
+        self.n_vocab = int(C.llama_vocab_n_tokens(self.vocab))
+
+    def close(self) -> None:
+        if self.ptr:
+            C.llama_model_free(self.ptr)
+            self.ptr = None
+
+    # -- vocabulary -------------------------------------------------------------------------------
+    @property
+    def vocab_type(self) -> int:
+        return int(C.llama_vocab_type(self.vocab))
+
+    def token_text(self, token: int) -> bytes:
+        return C.llama_vocab_get_text(self.vocab, token) or b""
+
+    def is_eog(self, token: int) -> bool:
+        return bool(C.llama_vocab_is_eog(self.vocab, token))
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(512)
+        n = C.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace") if n >= 0 else None
+
+    def n_ctx_train(self) -> int:
+        return int(C.llama_model_n_ctx_train(self.ptr))
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 16
+        buf = (C.llama_token * cap)()
+        n = C.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (C.llama_token * cap)()
+            n = C.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        return list(buf[:n])
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    def chat_template(self) -> str | None:
+        tmpl = C.llama_model_chat_template(self.ptr, None)
+        return tmpl.decode("utf-8") if tmpl else None
+
+    def apply_chat_template(self, messages: Sequence[dict[str, str]], add_assistant: bool = True) -> str:
+        tmpl = C.llama_model_chat_template(self.ptr, None)
+        if not tmpl:
+            raise EngineError(
+                f"{self.path} has no chat template; use `edgespec generate --raw` for plain text."
+            )
+        keep = [(m["role"].encode(), m["content"].encode()) for m in messages]
+        chat = (C.llama_chat_message * len(keep))(*[C.llama_chat_message(r, c) for r, c in keep])
+        cap = sum(len(c) for _, c in keep) * 2 + 1024
+        buf = ctypes.create_string_buffer(cap)
+        n = C.llama_chat_apply_template(tmpl, chat, len(keep), add_assistant, buf, cap)
+        if n > cap:
+            buf = ctypes.create_string_buffer(n + 1)
+            n = C.llama_chat_apply_template(tmpl, chat, len(keep), add_assistant, buf, n + 1)
+        if n < 0:
+            raise EngineError(f"llama.cpp does not know the chat template of {self.path}.")
+        return buf.raw[:n].decode("utf-8", errors="replace")
+
+
+@dataclass(frozen=True)
+class ContextSettings:
+    n_ctx: int = 4096
+    n_batch: int = 512  # also the largest tree a single decode may hold
+    n_seq_max: int = 65  # sequence ids: one per leaf of the largest tree (≤ 256)
+    n_threads: int = 0  # 0 → all cores
+
+
+class Context:
+    """A ``kv_unified`` llama context with one reusable batch.
+
+    ``kv_unified`` is required: without it every sequence gets its own KV stream and a batch whose
+    tokens belong to several sequences (a tree) is rejected.
+    """
+
+    def __init__(self, model: Model, settings: ContextSettings):
+        if not 1 <= settings.n_seq_max <= LLAMA_MAX_SEQ:
+            raise EngineError(f"n_seq_max must be in 1..{LLAMA_MAX_SEQ}, got {settings.n_seq_max}")
+        params = C.llama_context_default_params()
+        threads = settings.n_threads or os.cpu_count() or 1
+        params.n_ctx = settings.n_ctx
+        params.n_batch = settings.n_batch
+        params.n_ubatch = settings.n_batch  # a tree must never be split across ubatches
+        params.n_seq_max = settings.n_seq_max
+        params.kv_unified = True
+        params.n_threads = threads
+        params.n_threads_batch = threads
+        params.no_perf = True
+        self.model = model
+        self.settings = settings
+        self.ptr = C.llama_init_from_model(model.ptr, params)
+        if not self.ptr:
+            raise EngineError(
+                f"llama.cpp could not create a context of {settings.n_ctx} tokens for {model.path}: "
+                "probably out of memory. Lower --ctx, or offload fewer layers."
+            )
+        self.n_ctx = int(C.llama_n_ctx(self.ptr))
+        self.memory = C.llama_get_memory(self.ptr)
+        self.n_vocab = model.n_vocab
+        self._batch = C.llama_batch_init(settings.n_batch, 0, settings.n_seq_max)
+
+    def close(self) -> None:
+        if self.ptr:
+            C.llama_batch_free(self._batch)
+            C.llama_free(self.ptr)
+            self.ptr = None
+
+    # -- decoding ---------------------------------------------------------------------------------
+    def decode(
+        self,
+        tokens: Sequence[int],
+        positions: Sequence[int],
+        seq_ids: Sequence[Sequence[int]],
+        want_logits: Sequence[bool],
+    ) -> None:
+        """One ``llama_decode`` of a batch given token by token (parents before children)."""
+        n = len(tokens)
+        if n > self.settings.n_batch:
+            raise EngineError(f"a batch of {n} tokens exceeds n_batch={self.settings.n_batch}")
+        batch = self._batch
+        for i in range(n):
+            batch.token[i] = tokens[i]
+            batch.pos[i] = positions[i]
+            ids = seq_ids[i]
+            batch.n_seq_id[i] = len(ids)
+            row = batch.seq_id[i]
+            for j, s in enumerate(ids):
+                row[j] = s
+            batch.logits[i] = want_logits[i]
+        batch.n_tokens = n
+        rc = C.llama_decode(self.ptr, batch)
+        if rc != 0:
+            raise EngineError(_decode_failure(rc, n, self.n_ctx))
+
+    def logits_rows(self, n_rows: int) -> np.ndarray:
+        """Zero-copy (n_rows, V) view of the output rows of the last decode, in batch order of the
+        tokens flagged for output. Valid only until the next decode."""
+        ptr = C.llama_get_logits(self.ptr)
+        return np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_vocab))
+
+    # -- KV memory --------------------------------------------------------------------------------
+    def seq_rm(self, seq: int, p0: int, p1: int = -1) -> None:
+        """Remove ``seq`` from the cells at positions [p0, p1) (seq < 0: every sequence)."""
+        if not C.llama_memory_seq_rm(self.memory, seq, p0, p1):
+            raise EngineError(f"llama.cpp refused to remove positions {p0}..{p1} of sequence {seq}")
+
+    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
+        """Tag the cells of ``src`` at positions [p0, p1) with ``dst`` too (no data is copied)."""
+        C.llama_memory_seq_cp(self.memory, src, dst, p0, p1)
+
+    def seq_pos_max(self, seq: int) -> int:
+        return int(C.llama_memory_seq_pos_max(self.memory, seq))
+
+    def clear(self) -> None:
+        C.llama_memory_clear(self.memory, True)
+
+
+def _decode_failure(rc: int, n_tokens: int, n_ctx: int) -> str:
+    if rc == 1:
+        return (
+            f"no room in the KV cache for {n_tokens} more tokens (context {n_ctx}). Start a new chat, "
+            "raise --ctx, or use a smaller draft budget."
+        )
+    if rc == 2:
+        return "decoding was aborted."
+    if rc == -1:
+        return (
+            f"llama.cpp rejected a batch of {n_tokens} tokens as invalid (sequence ids or positions). "
+            "This is an edgespec bug: please report it with the command you ran."
+        )
+    return f"llama_decode failed with code {rc} (fatal backend error; set EDGESPEC_LLAMA_LOG=1 for details)."

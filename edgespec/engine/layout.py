@@ -1,0 +1,51 @@
+"""How a draft tree becomes one llama.cpp batch. Pure numpy: no llama_cpp here.
+
+llama.cpp has no custom attention mask; a token attends to a KV cell when the cell holds the
+token's (first) sequence id and the cell's position is not after the token's. So: one sequence id
+per **leaf**, every node tagged with the ids of all leaves below it, position = committed length +
+depth. A node then sees exactly its ancestors (the cells of any leaf below it that are not after
+it), whichever of its ids llama.cpp picks. The committed prefix carries every id, so all see it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TreeLayout:
+    depth: np.ndarray  # (n,) position offset of each node from the root
+    seq_ids: tuple[tuple[int, ...], ...]  # per node: the leaf ids below it (its sequence ids)
+    leaf_below: np.ndarray  # (n,) one leaf id below each node: the sequence kept when it is accepted
+    n_leaves: int
+
+
+def tree_layout(parents: np.ndarray) -> TreeLayout:
+    """Layout of a tree given parent indices (parents[0] == -1, parents[i] < i)."""
+    return _layout_cached(tuple(int(p) for p in parents))
+
+
+@lru_cache(maxsize=256)
+def _layout_cached(parents: tuple[int, ...]) -> TreeLayout:
+    # Static shapes (chains, MCSD k-configurations) recur step after step: the layout is built once
+    # per shape and reused — the "sliced topology-aware mask" idea of the MCSD paper.
+    n = len(parents)
+    depth = np.zeros(n, dtype=np.int32)
+    has_child = np.zeros(n, dtype=bool)
+    for i in range(1, n):
+        depth[i] = depth[parents[i]] + 1
+        has_child[parents[i]] = True
+    leaves = np.flatnonzero(~has_child)
+    ids: list[list[int]] = [[] for _ in range(n)]
+    leaf_below = np.full(n, -1, dtype=np.int32)
+    for leaf_id, leaf in enumerate(leaves):
+        node = int(leaf)
+        while node >= 0:  # tag the leaf's whole root path
+            ids[node].append(leaf_id)
+            if leaf_below[node] < 0:
+                leaf_below[node] = leaf_id
+            node = parents[node]
+    return TreeLayout(depth, tuple(tuple(x) for x in ids), leaf_below, int(leaves.size))

@@ -1,0 +1,105 @@
+"""Loading a target/draft pair and checking that they can speculate for each other."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import PairingError
+from ._llama import LLAMA_MAX_SEQ, Context, ContextSettings, Model
+from .runners import Draft, Target
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    n_ctx: int = 4096  # context window of both models
+    target_gpu_layers: int = 0  # layers offloaded to the GPU (CUDA builds only); -1 = all
+    draft_gpu_layers: int = 0
+    threads: int = 0  # 0 → every core
+    max_tree_nodes: int = 64  # largest draft tree (root excluded) a step may verify
+    repack: bool = True  # llama.cpp's CPU weight repacking (faster; batch numerics differ from B=1)
+    draft_top_k: int = 32  # candidates kept per draft distribution
+
+    def context(self) -> ContextSettings:
+        return ContextSettings(
+            n_ctx=self.n_ctx,
+            n_batch=max(512, self.max_tree_nodes + 1),
+            n_seq_max=min(LLAMA_MAX_SEQ, self.max_tree_nodes + 1),
+            n_threads=self.threads,
+        )
+
+
+class ModelPair:
+    """The target (always) and the draft (unless decoding plainly). Owns both; use as a context manager."""
+
+    def __init__(self, target_path: str, draft_path: str | None, settings: EngineSettings | None = None):
+        self.settings = settings or EngineSettings()
+        ctx = self.settings.context()
+        self._models: list[Model] = []
+        try:
+            target_model = self._load(target_path, self.settings.target_gpu_layers)
+            self.target = Target(Context(target_model, ctx))
+            self.draft: Draft | None = None
+            if draft_path:
+                draft_model = self._load(draft_path, self.settings.draft_gpu_layers)
+                check_pairing(target_model, draft_model)
+                self.draft = Draft(
+                    Context(draft_model, ctx),
+                    top_k=self.settings.draft_top_k,
+                    vocab_limit=target_model.n_vocab,
+                )
+        except BaseException:
+            self.close()
+            raise
+
+    def _load(self, path: str, gpu_layers: int) -> Model:
+        model = Model(path, n_gpu_layers=gpu_layers, repack=self.settings.repack)
+        self._models.append(model)
+        return model
+
+    @property
+    def max_nodes(self) -> int:
+        """Largest tree (root included) the contexts accept."""
+        return self.target.n_seq
+
+    def close(self) -> None:
+        for runner in (getattr(self, "draft", None), getattr(self, "target", None)):
+            if runner is not None:
+                runner.close()
+        for model in self._models:
+            model.close()
+        self._models = []
+
+    def __enter__(self) -> ModelPair:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def check_pairing(target: Model, draft: Model) -> None:
+    """Same tokenizer: type, and the text of every token both vocabularies have.
+
+    Vocabulary sizes may differ by padding (the draft never proposes ids the target lacks), but
+    every shared id must mean the same text, or accepted draft tokens would be wrong tokens.
+    """
+    if target.vocab_type != draft.vocab_type:
+        raise PairingError(
+            f"tokenizer types differ: target {target.path} has type {target.vocab_type}, draft {draft.path} "
+            f"has {draft.vocab_type}. Pick a draft from the same model family (see `edgespec models list`)."
+        )
+    shared = min(target.n_vocab, draft.n_vocab)
+    for token in range(shared):
+        t_text, d_text = target.token_text(token), draft.token_text(token)
+        if t_text != d_text:
+            raise PairingError(
+                f"token {token} differs: target {target.path} has {t_text!r}, draft {draft.path} has "
+                f"{d_text!r}. These models do not share a tokenizer; pick a draft of the same family."
+            )
+    larger = target if target.n_vocab > draft.n_vocab else draft
+    for token in range(shared, larger.n_vocab):
+        text = larger.token_text(token)
+        if not (text.startswith(b"[PAD") or text.startswith(b"<|") or text == b""):
+            raise PairingError(
+                f"vocabularies differ beyond padding: {larger.path} has {larger.n_vocab} tokens, the other "
+                f"{shared}; token {token} is {text!r}. Pick a draft of the same model family."
+            )

@@ -1,0 +1,202 @@
+"""Target and draft models with their KV bookkeeping.
+
+Invariant for both caches: the committed tokens occupy positions [0, n) and every committed cell
+carries **all** sequence ids, so any sequence id used by a tree token sees the whole prefix.
+Speculative cells (positions ≥ n) carry only the ids of their own branch. After a step only the new
+positions are touched: the accepted path's cells are re-tagged with every id, the rest removed —
+the prefix is never copied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from time import perf_counter
+
+import numpy as np
+
+from ..planner.tree import DraftTree, SparseDist, TreeBuilder
+from ..sampling import draft_dists
+from ._llama import Context
+from .layout import TreeLayout, tree_layout
+
+
+class CachedModel:
+    """A model, its context, and the committed token sequence its KV cache holds."""
+
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+        self.model = ctx.model
+        self.n_seq = ctx.settings.n_seq_max
+        self.all_seqs = tuple(range(self.n_seq))
+        self.committed: list[int] = []
+
+    @property
+    def n_ctx(self) -> int:
+        return self.ctx.n_ctx
+
+    def close(self) -> None:
+        self.ctx.close()
+
+    def sync(self, tokens: Sequence[int]) -> None:
+        """Make the cache hold exactly ``tokens``, keeping the longest common prefix already there."""
+        keep = 0
+        for have, want in zip(self.committed, tokens):
+            if have != want:
+                break
+            keep += 1
+        self.ctx.seq_rm(-1, keep)  # also drops speculative cells a failed step may have left
+        del self.committed[keep:]
+        self.decode_committed(tokens[keep:], want_last=False)
+
+    def decode_committed(self, tokens: Sequence[int], want_last: bool) -> np.ndarray | None:
+        """Decode a chain of tokens into the committed prefix (every sequence id); returns the last
+        token's logits row when asked."""
+        step = self.ctx.settings.n_batch
+        for start in range(0, len(tokens), step):
+            chunk = tokens[start : start + step]
+            base = len(self.committed)
+            last = want_last and start + step >= len(tokens)
+            self.ctx.decode(
+                chunk,
+                range(base, base + len(chunk)),
+                [self.all_seqs] * len(chunk),
+                [last and i == len(chunk) - 1 for i in range(len(chunk))],
+            )
+            self.committed.extend(int(t) for t in chunk)
+        return self.ctx.logits_rows(1)[0] if want_last and tokens else None
+
+    def _keep_branch(self, keep_seq: int, used_seqs: Sequence[int], start: int, end: int) -> None:
+        """Commit the cells of ``keep_seq`` in [start, end) and drop every other speculative cell.
+
+        1. ``keep_seq`` leaves the cells after the accepted path (its rejected descendants);
+        2. every other used sequence leaves all speculative positions;
+        3. the accepted cells are tagged with every sequence id, joining the committed prefix.
+        """
+        self.ctx.seq_rm(keep_seq, end)
+        for seq in used_seqs:
+            if seq != keep_seq:
+                self.ctx.seq_rm(seq, start)
+        if end > start:
+            for seq in self.all_seqs:
+                if seq != keep_seq:
+                    self.ctx.seq_cp(keep_seq, seq, start, end)
+
+
+class Target(CachedModel):
+    """The target: verifies a whole tree in one decode."""
+
+    def decode_root(self, root: int) -> np.ndarray:
+        """Plain decoding: the root alone, straight into the committed prefix."""
+        return self.decode_committed([root], want_last=True)
+
+    def verify(self, tree: DraftTree) -> tuple[TreeLayout, np.ndarray]:
+        """Decode the packed tree; returns its layout and the (n, V) logits rows, one per node."""
+        layout = tree_layout(tree.parents)
+        base = len(self.committed)
+        self.ctx.decode(tree.tokens, base + layout.depth, layout.seq_ids, [True] * tree.size)
+        return layout, self.ctx.logits_rows(tree.size)
+
+    def commit(self, tree: DraftTree, layout: TreeLayout, path: Sequence[int]) -> None:
+        """Keep exactly the accepted path (root first) in the cache."""
+        base = len(self.committed)
+        last = path[-1]
+        self._keep_branch(int(layout.leaf_below[last]), range(layout.n_leaves), base, base + len(path))
+        self.committed.extend(int(tree.tokens[node]) for node in path)
+
+
+class Draft(CachedModel):
+    """The draft: expands a tree level by level, one batched decode per level (the planners' Drafter)."""
+
+    def __init__(self, ctx: Context, top_k: int = 32, vocab_limit: int | None = None):
+        super().__init__(ctx)
+        self.top_k = top_k  # candidates kept per distribution (q is this top-k, renormalised)
+        self.vocab_limit = vocab_limit or ctx.n_vocab  # never propose ids the target lacks
+        self.temperature = 1.0
+        self.pending: list[int] = []  # tokens the target committed that the draft has not decoded
+        self.decode_seconds = 0.0  # time inside llama_decode this step (the rest is planner work)
+        self.decodes = 0
+        self._node_seq: dict[int, int | None] = {}  # decoded node → its sequence id (None: committed)
+        self._seq_taken: set[int] = set()  # nodes whose sequence a child already reused
+        self._used_seqs: list[int] = []
+        self._root_pos = 0
+
+    def sync(self, tokens: Sequence[int]) -> None:
+        """Hold ``tokens[:-1]``; the last token is the pending root, decoded with the first level."""
+        super().sync(tokens[:-1])
+        self.pending = [int(tokens[-1])]
+
+    def begin_step(self, temperature: float) -> None:
+        self.temperature = temperature if temperature > 0 else 1.0
+        self.decode_seconds = 0.0
+        self.decodes = 0
+        self._node_seq.clear()
+        self._seq_taken.clear()
+        self._used_seqs = []
+
+    def expand(self, tree: TreeBuilder, nodes: Sequence[int]) -> list[SparseDist]:
+        start = perf_counter()
+        if list(nodes) == [0]:
+            # The root: catch up on what the target committed last step (accepted tokens the draft
+            # never decoded, then the new root), straight into the committed prefix.
+            row = self.decode_committed(self.pending, want_last=True)
+            self.pending = []
+            self._root_pos = len(self.committed) - 1
+            self._node_seq[0] = None
+            rows = row[None, :]
+        else:
+            rows = self._decode_level(tree, nodes)
+        self.decode_seconds += perf_counter() - start
+        self.decodes += 1
+        dists = draft_dists(rows, self.top_k, self.temperature, self.vocab_limit)
+        for node, dist in zip(nodes, dists):
+            tree.dists[node] = dist
+        return dists
+
+    def _decode_level(self, tree: TreeBuilder, nodes: Sequence[int]) -> np.ndarray:
+        seqs = []
+        for node in nodes:
+            parent = tree.parents[node]
+            if parent not in self._node_seq:
+                raise ValueError(f"node {node} expanded before its parent {parent} (planner bug)")
+            parent_seq = self._node_seq[parent]
+            if parent_seq is not None and parent not in self._seq_taken:
+                seq = parent_seq  # the first child continues its parent's sequence: no copy needed
+                self._seq_taken.add(parent)
+            else:
+                seq = self._fresh_seq()
+                if parent_seq is not None:  # see the parent's path: tag it with the new id
+                    self.ctx.seq_cp(
+                        parent_seq, seq, self._root_pos + 1, self._root_pos + tree.depth[parent] + 1
+                    )
+            self._node_seq[node] = seq
+            seqs.append((seq,))
+        positions = [self._root_pos + tree.depth[node] for node in nodes]
+        self.ctx.decode([tree.tokens[node] for node in nodes], positions, seqs, [True] * len(nodes))
+        return self.ctx.logits_rows(len(nodes))
+
+    def _fresh_seq(self) -> int:
+        seq = len(self._used_seqs)
+        if seq >= self.n_seq:
+            raise ValueError(
+                f"the tree needs more than {self.n_seq} draft sequences (planner exceeded max_nodes)"
+            )
+        self._used_seqs.append(seq)
+        return seq
+
+    def commit(self, tree: DraftTree, path: Sequence[int], next_token: int) -> None:
+        """Keep the decoded part of the accepted path; queue the rest and the new root."""
+        accepted_tokens = [int(tree.tokens[node]) for node in path[1:]]
+        if 0 not in self._node_seq:  # nothing was drafted: the old root is still pending too
+            self.pending.extend(accepted_tokens + [int(next_token)])
+            return
+        decoded = [node for node in path[1:] if node in self._node_seq]  # a prefix of the path
+        start = self._root_pos + 1
+        if decoded:
+            last = decoded[-1]
+            end = self._root_pos + int(tree.depth[last]) + 1
+            self._keep_branch(self._node_seq[last], self._used_seqs, start, end)
+        else:
+            for seq in self._used_seqs:
+                self.ctx.seq_rm(seq, start)
+        self.committed.extend(accepted_tokens[: len(decoded)])
+        self.pending = accepted_tokens[len(decoded) :] + [int(next_token)]

@@ -1,0 +1,51 @@
+"""Chain drafting (SSD, Leviathan et al. / Chen et al.): the draft proposes γ tokens in a row.
+
+One draft decode per token (a level of width 1). Greedy: the draft's top token (one-hot rule).
+Sampling: one token drawn from q (residual rule). Optional early exit: stop drafting when the
+draft's own probability of its chosen token falls below ``p_min`` (llama.cpp's ``--draft-p-min``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .tree import (
+    ChildRule,
+    Drafter,
+    DraftTree,
+    PlanContext,
+    PlanStats,
+    TreeBuilder,
+    sample_without_replacement,
+)
+
+
+@dataclass
+class ChainPlanner:
+    gamma: int = 4  # γ: draft tokens per step
+    p_min: float = 0.0  # early exit when q(chosen) < p_min (0 disables)
+    name: str = "chain"
+    lossy: bool = False
+
+    def describe(self) -> str:
+        return f"γ={self.gamma}" + (f" p_min={self.p_min:g}" if self.p_min > 0 else "")
+
+    def plan(self, root_token: int, drafter: Drafter, ctx: PlanContext) -> DraftTree:
+        tree = TreeBuilder(root_token)
+        node, decodes = 0, 0
+        gamma = min(self.gamma, ctx.max_nodes - 1)
+        while tree.size - 1 < gamma:
+            (dist,) = drafter.expand(tree, [node])
+            decodes += 1
+            if ctx.sampling:
+                (pick,) = sample_without_replacement(dist, 1, ctx.rng)
+                tree.set_children_rule(node, ChildRule.SAMPLED)
+            else:
+                pick = 0  # the draft's argmax
+                tree.set_children_rule(node, ChildRule.TOP)
+            q_pick = float(dist.probs[pick])
+            node = tree.add(node, int(dist.ids[pick]), q_pick)
+            if q_pick < self.p_min:
+                break
+        expected = sum(tree.path_prob[1:])
+        return tree.freeze(PlanStats(draft_decodes=decodes, drafted_nodes=decodes, expected_accept=expected))

@@ -1,0 +1,208 @@
+"""The data every planner produces and every engine consumes.
+
+A draft tree is rooted at the *pending* token: the token the target chose last, which neither model
+has decoded yet. Node 0 is that root; every other node is a drafted token. Parents come before
+children (``parents[i] < i``), so a tree can be packed into one llama.cpp batch in index order.
+
+The children of a node are listed in the order they were chosen. That order matters for lossless
+verification of several branches: the verifier tries them one after the other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Protocol
+
+import numpy as np
+
+
+class ChildRule(IntEnum):
+    """How the children of a node were chosen; decides the verification rule that keeps it lossless."""
+
+    NONE = 0  # not expanded (a leaf)
+    TOP = 1  # deterministic (top-k of the draft): one-hot rule — accept x with p(x), else p[x] = 0
+    SAMPLED = 2  # sampled without replacement from q: residual rule — accept with min(1, p/q)
+
+
+@dataclass(frozen=True)
+class SparseDist:
+    """The draft's next-token distribution, kept to its top candidates.
+
+    ``probs`` are probabilities under the full softmax (so they sum to at most 1), sorted in
+    descending order. When the draft *samples*, it samples from ``q = probs / probs.sum()`` — the
+    truncated distribution — and the verifier uses that same q, which keeps rejection sampling
+    exactly lossless (any draft distribution is fine as long as both sides use the same one).
+    """
+
+    ids: np.ndarray  # (k,) int32 token ids, most likely first
+    probs: np.ndarray  # (k,) float64 full-softmax probabilities, descending
+
+    def sampling_q(self) -> np.ndarray:
+        """q: the distribution the draft samples from (the truncated, renormalised softmax)."""
+        return self.probs / self.probs.sum()
+
+    def prob_of(self, token: int) -> float:
+        hit = np.flatnonzero(self.ids == token)
+        return float(self.probs[hit[0]]) if hit.size else 0.0
+
+
+@dataclass(frozen=True)
+class PlanStats:
+    """What planning cost and what it expects; exposed per step in ``generate --json``."""
+
+    draft_decodes: int = 0  # batched draft decodes (one per level)
+    drafted_nodes: int = 0  # nodes the draft model actually evaluated
+    merges: int = 0  # GSD: τ-redundant nodes merged into an earlier occurrence
+    expected_accept: float = 0.0  # E[A] = Σ p̂ over drafted nodes (predicted accepted draft tokens)
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    tokens: np.ndarray  # (n,) int32; tokens[0] is the pending root token
+    parents: np.ndarray  # (n,) int32; parents[0] == -1, parents[i] < i
+    depth: np.ndarray  # (n,) int32; depth[0] == 0
+    draft_prob: np.ndarray  # (n,) float64; q(token | path to parent) under the draft; 1.0 at the root
+    path_prob: np.ndarray  # (n,) float64; p̂ = product of draft_prob along the path (root: 1.0)
+    merged: np.ndarray  # (n,) bool; GSD: node replicated from a merged subtree, not drafted again
+    child_rule: np.ndarray  # (n,) int8 ChildRule of each node's children
+    dists: dict[int, SparseDist]  # the draft distribution at each expanded node (for the residual rule)
+    stats: PlanStats = field(default_factory=PlanStats)
+    _children: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        children: list[list[int]] = [[] for _ in range(self.size)]
+        for node in range(1, self.size):
+            children[int(self.parents[node])].append(node)
+        object.__setattr__(self, "_children", tuple(tuple(c) for c in children))
+
+    @property
+    def size(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def children(self, node: int) -> tuple[int, ...]:
+        """Children of ``node`` in the order they were chosen."""
+        return self._children[node]
+
+    @property
+    def leaves(self) -> list[int]:
+        has_child = np.zeros(self.size, dtype=bool)
+        has_child[self.parents[1:]] = True
+        return [int(i) for i in np.flatnonzero(~has_child)]
+
+    def path(self, node: int) -> list[int]:
+        """Node indices from the root to ``node`` inclusive."""
+        nodes = []
+        while node >= 0:
+            nodes.append(node)
+            node = int(self.parents[node])
+        return nodes[::-1]
+
+    def path_tokens(self, node: int) -> list[int]:
+        return [int(self.tokens[i]) for i in self.path(node)]
+
+
+class TreeBuilder:
+    """Mutable tree that planners grow; ``freeze()`` gives the immutable ``DraftTree``."""
+
+    def __init__(self, root_token: int):
+        self.tokens: list[int] = [int(root_token)]
+        self.parents: list[int] = [-1]
+        self.depth: list[int] = [0]
+        self.draft_prob: list[float] = [1.0]
+        self.path_prob: list[float] = [1.0]
+        self.merged: list[bool] = [False]
+        self.child_rule: list[int] = [ChildRule.NONE]
+        self.dists: dict[int, SparseDist] = {}
+
+    @property
+    def size(self) -> int:
+        return len(self.tokens)
+
+    def add(self, parent: int, token: int, draft_prob: float, *, merged: bool = False) -> int:
+        """Append a child of ``parent``; p̂(child) = p̂(parent) · q(token)."""
+        if not 0 <= parent < self.size:
+            raise ValueError(f"parent {parent} is not a node of this tree (size {self.size})")
+        self.tokens.append(int(token))
+        self.parents.append(int(parent))
+        self.depth.append(self.depth[parent] + 1)
+        self.draft_prob.append(float(draft_prob))
+        self.path_prob.append(self.path_prob[parent] * float(draft_prob))
+        self.merged.append(bool(merged))
+        self.child_rule.append(ChildRule.NONE)
+        return self.size - 1
+
+    def set_children_rule(self, node: int, rule: ChildRule) -> None:
+        self.child_rule[node] = int(rule)
+
+    def path_tokens(self, node: int) -> list[int]:
+        out = []
+        while node >= 0:
+            out.append(self.tokens[node])
+            node = self.parents[node]
+        return out[::-1]
+
+    def freeze(self, stats: PlanStats | None = None) -> DraftTree:
+        return DraftTree(
+            tokens=np.asarray(self.tokens, dtype=np.int32),
+            parents=np.asarray(self.parents, dtype=np.int32),
+            depth=np.asarray(self.depth, dtype=np.int32),
+            draft_prob=np.asarray(self.draft_prob, dtype=np.float64),
+            path_prob=np.asarray(self.path_prob, dtype=np.float64),
+            merged=np.asarray(self.merged, dtype=bool),
+            child_rule=np.asarray(self.child_rule, dtype=np.int8),
+            dists=dict(self.dists),
+            stats=stats or PlanStats(),
+        )
+
+
+class Drafter(Protocol):
+    """The draft model as planners see it.
+
+    ``expand`` evaluates the given nodes in **one** batched draft decode and returns, for each, the
+    draft's distribution over the next token given the path to that node. Every node's parent must
+    have been expanded by an earlier call (this is what makes drafting level by level). The
+    distributions are also stored in ``tree.dists``.
+    """
+
+    def expand(self, tree: TreeBuilder, nodes: Sequence[int]) -> list[SparseDist]: ...
+
+
+@dataclass(frozen=True)
+class PlanContext:
+    """Per-step inputs a planner may use besides the drafter."""
+
+    sampling: bool  # True when the target samples (temperature > 0): children must then be drawn so
+    # that a lossless rule exists (sampled from q, or deterministic with the one-hot rule)
+    rng: np.random.Generator
+    max_nodes: int = 256  # hard cap from the engine (sequence / batch limits), root included
+
+
+class Planner(Protocol):
+    """A drafting strategy: grows a tree from the pending root token."""
+
+    name: str
+    lossy: bool  # True only for variants that change the output distribution (mcsd-target-init)
+
+    def plan(self, root_token: int, drafter: Drafter, ctx: PlanContext) -> DraftTree: ...
+
+    def describe(self) -> str:
+        """Short parameter summary for status bars and bench tables, e.g. 'k=4 τ=2 budget=16'."""
+        ...
+
+
+def sample_without_replacement(dist: SparseDist, k: int, rng: np.random.Generator) -> list[int]:
+    """Draw up to k distinct positions of ``dist`` sequentially from q, removing each one drawn.
+
+    The i-th draw is from q with the earlier draws removed and renormalised — the order the
+    residual verification rule (DySpec Alg. 3, SpecInfer) undoes.
+    """
+    q = dist.sampling_q().copy()
+    chosen: list[int] = []
+    for _ in range(min(k, int(np.count_nonzero(q)))):
+        cdf = np.cumsum(q)  # inverse-CDF draw from the remaining (unnormalised) q
+        j = min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), q.shape[0] - 1)
+        chosen.append(j)
+        q[j] = 0.0
+    return chosen

@@ -1,0 +1,164 @@
+"""A stand-in for a llama.cpp context that follows its KV rules strictly, for fast tests of the
+engine's tree batches and KV bookkeeping without a model.
+
+Cells hold (position, token, set of sequence ids). A token attends to the cells that carry its
+*first* sequence id — chosen at random here, as llama.cpp's unordered set makes it arbitrary — and
+are not after it. Its logits are a deterministic function of the tokens it sees, so any mistake in
+masks or bookkeeping changes the output. The batch checks of ``llama_batch_allocr::init`` are
+enforced: positions continue each sequence, coupled sequences share their cached range.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgespec.engine._llama import ContextSettings
+
+VOCAB = 48
+EOS = 0
+
+
+class FakeModel:
+    """Vocabulary of VOCAB tokens; token t's text is a letter (multi-byte for some, to test UTF-8)."""
+
+    def __init__(self, noise: float = 0.0, seed: int = 0, n_vocab: int = VOCAB):
+        self.noise = noise  # the draft: the target's logits plus this much deterministic noise
+        self.seed = seed
+        self.n_vocab = n_vocab
+        self.path = f"fake-{seed}-{noise}"
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        if token == EOS:
+            return b""
+        if token % 11 == 0:
+            return "é".encode()  # two bytes
+        return chr(ord("a") + token % 26).encode()
+
+    def is_eog(self, token: int) -> bool:
+        return token == EOS
+
+    def logits(self, seen: tuple[int, ...]) -> np.ndarray:
+        """A small 'language model': depends on the last three tokens and the length."""
+        key = (seen[-3:], len(seen) % 5)
+        rng = np.random.default_rng(abs(hash(key)) % (2**32))
+        base = rng.normal(0.0, 2.0, self.n_vocab).astype(np.float32)
+        base[EOS] = -8.0  # rarely ends
+        if self.noise:
+            noise_rng = np.random.default_rng((abs(hash(key)) + self.seed + 1) % (2**32))
+            base += noise_rng.normal(0.0, self.noise, self.n_vocab).astype(np.float32)
+        return base
+
+
+@dataclass
+class Cell:
+    pos: int
+    token: int
+    seqs: set[int]
+
+
+class FakeContext:
+    def __init__(self, model: FakeModel, settings: ContextSettings, rng_seed: int = 1):
+        self.model = model
+        self.settings = settings
+        self.n_ctx = settings.n_ctx
+        self.n_vocab = model.n_vocab
+        self.cells: list[Cell] = []
+        self.decodes = 0
+        self.batch_sizes: list[int] = []
+        self._rows = np.zeros((0, model.n_vocab), dtype=np.float32)
+        self._rng = random.Random(rng_seed)
+
+    # -- decode -----------------------------------------------------------------------------------
+    def decode(self, tokens, positions, seq_ids, want_logits) -> None:
+        tokens, positions = [int(t) for t in tokens], [int(p) for p in positions]
+        seq_ids = [tuple(int(s) for s in ids) for ids in seq_ids]
+        self._check_batch(positions, seq_ids)
+        new_cells = [Cell(p, t, set(ids)) for t, p, ids in zip(tokens, positions, seq_ids)]
+        self.cells.extend(new_cells)
+        if len(self.cells) > self.n_ctx:
+            raise AssertionError("KV cache overflow")
+        rows = []
+        for cell, want in zip(new_cells, want_logits):
+            if want:
+                rows.append(self.model.logits(self._visible(cell)))
+        self._rows = np.stack(rows) if rows else np.zeros((0, self.n_vocab), dtype=np.float32)
+        self.decodes += 1
+        self.batch_sizes.append(len(tokens))
+
+    def _visible(self, cell: Cell) -> tuple[int, ...]:
+        seq = self._rng.choice(sorted(cell.seqs))  # which id counts as "first" is arbitrary
+        seen = sorted((c for c in self.cells if seq in c.seqs and c.pos <= cell.pos), key=lambda c: c.pos)
+        positions = [c.pos for c in seen]
+        if positions != list(range(cell.pos + 1)):
+            raise AssertionError(
+                f"token at {cell.pos} (seq {seq}) sees positions {positions}: holes or duplicates"
+            )
+        return tuple(c.token for c in seen)
+
+    def _check_batch(self, positions, seq_ids) -> None:
+        first_pos: dict[int, int] = {}
+        last_pos: dict[int, int] = {}
+        for pos, ids in zip(positions, seq_ids):
+            for s in ids:
+                if not 0 <= s < self.settings.n_seq_max:
+                    raise AssertionError(f"sequence id {s} out of range")
+                if s in last_pos and pos < last_pos[s]:
+                    raise AssertionError(f"positions of sequence {s} go backwards in the batch")
+                first_pos.setdefault(s, pos)
+                last_pos[s] = pos
+        for s, pos in first_pos.items():
+            if pos != self.seq_pos_max(s) + 1:
+                raise AssertionError(
+                    f"sequence {s} starts at {pos} but its cache ends at {self.seq_pos_max(s)}"
+                )
+        for ids in seq_ids:
+            ranges = {(self.seq_pos_min(s), self.seq_pos_max(s)) for s in ids}
+            if len(ranges) > 1:
+                raise AssertionError(f"coupled sequences {ids} have different cached ranges {ranges}")
+
+    def logits_rows(self, n_rows: int) -> np.ndarray:
+        assert n_rows == self._rows.shape[0], (n_rows, self._rows.shape)
+        return self._rows
+
+    # -- memory -----------------------------------------------------------------------------------
+    def seq_rm(self, seq: int, p0: int, p1: int = -1) -> None:
+        end = p1 if p1 >= 0 else 1 << 30
+        for cell in self.cells:
+            if p0 <= cell.pos < end:
+                if seq < 0:
+                    cell.seqs.clear()
+                else:
+                    cell.seqs.discard(seq)
+        self.cells = [c for c in self.cells if c.seqs]
+
+    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
+        for cell in self.cells:
+            if p0 <= cell.pos < p1 and src in cell.seqs:
+                cell.seqs.add(dst)
+
+    def seq_pos_max(self, seq: int) -> int:
+        return max((c.pos for c in self.cells if seq in c.seqs), default=-1)
+
+    def seq_pos_min(self, seq: int) -> int:
+        return min((c.pos for c in self.cells if seq in c.seqs), default=-1)
+
+    def committed_view(self) -> list[tuple[int, int, frozenset]]:
+        return sorted((c.pos, c.token, frozenset(c.seqs)) for c in self.cells)
+
+
+class FakePair:
+    """The ModelPair shape over fake contexts."""
+
+    def __init__(self, n_seq: int = 65, n_ctx: int = 4096, draft_noise: float = 1.0, top_k: int = 8):
+        from edgespec.engine.runners import Draft, Target
+
+        settings = ContextSettings(n_ctx=n_ctx, n_batch=512, n_seq_max=n_seq)
+        self.target = Target(FakeContext(FakeModel(), settings, rng_seed=1))
+        self.draft = Draft(FakeContext(FakeModel(noise=draft_noise), settings, rng_seed=2), top_k=top_k)
+        self.max_nodes = n_seq
+
+    def close(self) -> None:
+        pass

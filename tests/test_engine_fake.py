@@ -1,0 +1,132 @@
+"""The speculative loop and the engine's tree batches / KV bookkeeping on a strict fake llama context.
+
+The fake's logits are an exact function of what each token attends to, so speculation must
+reproduce plain greedy decoding token for token: any masking or bookkeeping error shows up.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from fake_llama import FakePair
+
+from edgespec.decoder import Request, generate
+from edgespec.planner.chain import ChainPlanner
+from edgespec.planner.tree import ChildRule, PlanContext, PlanStats, TreeBuilder
+from edgespec.sampling import SamplingParams
+
+PROMPT = [5, 17, 3, 29, 8, 40, 12]
+
+
+class RandomTreePlanner:
+    """Bushy random trees: 1–3 children per node from the draft's top candidates, level by level."""
+
+    name = "random-tree"
+    lossy = False
+
+    def __init__(self, budget: int, seed: int = 0):
+        self.budget = budget
+        self.rng = np.random.default_rng(seed)
+
+    def describe(self) -> str:
+        return f"budget={self.budget}"
+
+    def plan(self, root_token, drafter, ctx: PlanContext):
+        tree = TreeBuilder(root_token)
+        frontier, decodes = [0], 0
+        limit = min(self.budget, ctx.max_nodes - 1)
+        while frontier and tree.size - 1 < limit:
+            dists = drafter.expand(tree, frontier)
+            decodes += 1
+            nxt = []
+            for node, dist in zip(frontier, dists):
+                tree.set_children_rule(node, ChildRule.TOP)
+                for j in range(int(self.rng.integers(1, 4))):
+                    if tree.size - 1 >= limit:
+                        break
+                    child = tree.add(node, int(dist.ids[j]), float(dist.probs[j]))
+                    if self.rng.random() < 0.7:
+                        nxt.append(child)
+            frontier = nxt
+        return tree.freeze(PlanStats(draft_decodes=decodes))
+
+
+GREEDY = SamplingParams()
+
+
+def _run(pair, planner, max_tokens=60, sampling=GREEDY):
+    events = list(generate(pair, planner, Request(prompt=PROMPT, max_tokens=max_tokens, sampling=sampling)))
+    return [t.id for e in events for t in e.tokens], events
+
+
+def _plain(max_tokens=60):
+    tokens, _ = _run(FakePair(), None, max_tokens)
+    return tokens
+
+
+def _assert_cache_is_committed(runner):
+    """Every cell is committed: positions 0..n-1, the committed tokens, tagged with every sequence id."""
+    view = runner.ctx.committed_view()
+    assert [pos for pos, _, _ in view] == list(range(len(runner.committed)))
+    assert [tok for _, tok, _ in view] == runner.committed
+    assert all(seqs == frozenset(runner.all_seqs) for _, _, seqs in view)
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 4, 8])
+def test_chain_equals_plain_decoding(gamma):
+    expected = _plain()
+    pair = FakePair()
+    tokens, events = _run(pair, ChainPlanner(gamma=gamma))
+    assert tokens == expected
+    assert sum(e.accepted for e in events) > 0  # the noisy draft does get tokens accepted
+    assert all(e.verified_nodes == 1 + e.drafted for e in events if e.verified_nodes)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_bushy_trees_equal_plain_decoding_and_keep_caches_committed(seed):
+    expected = _plain()
+    pair = FakePair(n_seq=33)
+    tokens, events = _run(pair, RandomTreePlanner(budget=24, seed=seed))
+    assert tokens == expected
+    assert max(e.leaves for e in events) > 3
+    # After the last step only committed cells remain, in both caches (the draft may lag the target
+    # by the tokens it has not decoded yet).
+    _assert_cache_is_committed(pair.target)
+    _assert_cache_is_committed(pair.draft)
+    assert pair.target.committed[: len(pair.draft.committed)] == pair.draft.committed
+
+
+def test_one_draft_decode_per_level():
+    pair = FakePair()
+    _, events = _run(pair, ChainPlanner(gamma=5), max_tokens=20)
+    assert all(e.draft_decodes == e.depth for e in events if e.verified_nodes)
+
+
+def test_second_turn_reuses_the_common_prefix():
+    pair = FakePair()
+    tokens, _ = _run(pair, ChainPlanner(gamma=3), max_tokens=10)
+    decodes_before = pair.target.ctx.decodes
+    follow_up = PROMPT + tokens + [9, 21]
+    list(generate(pair, ChainPlanner(gamma=3), Request(prompt=follow_up, max_tokens=5)))
+    prefill_batch = pair.target.ctx.batch_sizes[decodes_before]
+    assert prefill_batch <= 3  # only the new tokens, not the whole conversation
+
+
+def test_sampling_runs_and_is_reproducible():
+    params = SamplingParams(temperature=0.8, top_p=0.95, seed=7)
+    first, _ = _run(FakePair(), ChainPlanner(gamma=4), 40, params)
+    again, _ = _run(FakePair(), ChainPlanner(gamma=4), 40, params)
+    assert first == again and len(first) == 40
+
+
+def test_max_tokens_and_cancel():
+    import threading
+
+    tokens, events = _run(FakePair(), ChainPlanner(gamma=4), max_tokens=7)
+    assert len(tokens) == 7 and events[-1].finish_reason == "length"
+    cancel = threading.Event()
+    stream = generate(FakePair(), ChainPlanner(gamma=4), Request(prompt=PROMPT, max_tokens=50), cancel)
+    next(stream)
+    cancel.set()
+    rest = list(stream)
+    assert rest[-1].finish_reason == "cancelled" and not rest[-1].tokens
