@@ -96,3 +96,14 @@ def test_max_tokens_and_cancel():
     cancel.set()
     rest = list(stream)
     assert rest[-1].finish_reason == "cancelled" and not rest[-1].tokens
+
+
+def test_steps_without_drafting_keep_both_caches_consistent():
+    from treeplanners import SometimesSilentPlanner
+
+    pair = FakePair()
+    tokens, events = _run(pair, SometimesSilentPlanner())
+    assert tokens == _plain()
+    assert any(e.drafted == 0 for e in events) and any(e.accepted for e in events)
+    _assert_cache_is_committed(pair.target)
+    _assert_cache_is_committed(pair.draft)

@@ -38,3 +38,29 @@ class RandomTreePlanner:
                         nxt.append(child)
             frontier = nxt
         return tree.freeze(PlanStats(draft_decodes=decodes))
+
+
+class SometimesSilentPlanner:
+    """Drafts a chain on some steps and nothing at all on others (as `auto` does when plain decoding
+    wins), so the draft must catch up on several pending tokens."""
+
+    name = "sometimes-silent"
+    lossy = False
+
+    def __init__(self, gamma: int = 3, period: int = 3):
+        self.gamma, self.period, self.calls = gamma, period, 0
+
+    def describe(self) -> str:
+        return f"γ={self.gamma} every {self.period}"
+
+    def plan(self, root_token, drafter, ctx: PlanContext):
+        self.calls += 1
+        tree = TreeBuilder(root_token)
+        if self.calls % self.period:
+            return tree.freeze()
+        node = 0
+        for _ in range(self.gamma):
+            (dist,) = drafter.expand(tree, [node])
+            tree.set_children_rule(node, ChildRule.TOP)
+            node = tree.add(node, int(dist.ids[0]), float(dist.probs[0]))
+        return tree.freeze(PlanStats(draft_decodes=self.gamma))

@@ -92,12 +92,16 @@ class Target(CachedModel):
     def verify(self, tree: DraftTree) -> tuple[TreeLayout, np.ndarray]:
         """Decode the packed tree; returns its layout and the (n, V) logits rows, one per node."""
         layout = tree_layout(tree.parents)
+        if tree.size == 1:  # nothing drafted: plain decoding, committed at once
+            return layout, self.decode_root(int(tree.tokens[0]))[None, :]
         base = len(self.committed)
         self.ctx.decode(tree.tokens, base + layout.depth, layout.seq_ids, [True] * tree.size)
         return layout, self.ctx.logits_rows(tree.size)
 
     def commit(self, tree: DraftTree, layout: TreeLayout, path: Sequence[int]) -> None:
         """Keep exactly the accepted path (root first) in the cache."""
+        if tree.size == 1:  # verify() already committed the root
+            return
         base = len(self.committed)
         last = path[-1]
         self._keep_branch(int(layout.leaf_below[last]), range(layout.n_leaves), base, base + len(path))
