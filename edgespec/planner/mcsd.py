@@ -1,0 +1,296 @@
+"""MCSD — multi-candidate speculative decoding with a static k-configuration (Yang et al. 2024), and
+the target-initialised variant with sliced masks and early stopping (Lu et al. 2024).
+
+**Static (``mcsd``).** A k-configuration (k_1, k_2, …) gives every node at depth i−1 exactly k_i
+children: drawn without replacement from the draft's q when the target samples (verified with the
+residual rule, ``ChildRule.SAMPLED``), the top k_i when it is greedy (``ChildRule.TOP``). One draft
+decode per level. Default (4, 2, 2, 1), the configuration Lu et al. found best (§4.1).
+
+**Target-initialised (``mcsd-target-init``, the paper's (w, k_1, k_2, …)).** The root's w children
+come from the *target's* distribution after the root, not the draft's; the draft then grows the
+k-configuration below each. The planner needs that distribution: pass ``plan(..., root_dist=...)``
+or set ``target_root`` (a callback: root token → the target's ``SparseDist`` after it; computing it
+costs one extra target decode of the root — the paper's "one more target forward pass"). The
+children are recorded as drawn from that distribution (``tree.dists[0]``): sampled without
+replacement with the residual rule, or the target's top w under greedy, so the verifier's rules stay
+exact. The paper instead picks, among the w target tokens, the one whose draft continuation is
+accepted longest — that changes the output distribution (its Table 1), hence ``lossy = True``.
+
+**Sliced topology-aware layout (§3.2).** ``build_layout`` computes the batch layout of the full
+k-configuration tree once (positions, parents, ancestor mask, leaf membership); ``slice_layout``
+cuts the layout of the same tree stopped at any depth out of it (the upper-left block of the mask),
+with no rebuilding — which is what makes a dynamic stop depth cheap.
+
+**Early stop (§3.3).** Before each draft decode below the first level, every branch's acceptance is
+predicted; if all predictions are below β (0.4 in the paper), drafting stops. ``threshold``: the
+prediction is the node's own draft probability; ``model``: a ``DecisionModel`` on the features of
+the distribution the node was drawn from (its top-k probabilities, entropy, the chosen probability).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from ..errors import EdgespecError
+from .earlystop import DecisionModel, feature_matrix
+from .tree import (
+    ChildRule,
+    Drafter,
+    DraftTree,
+    PlanContext,
+    PlanStats,
+    SparseDist,
+    TreeBuilder,
+    sample_without_replacement,
+)
+
+EARLY_STOP_MODES = ("off", "threshold", "model")
+
+
+# -- sliced topology-aware layout -------------------------------------------------------------------
+@dataclass(frozen=True)
+class ForkLayout:
+    """The batch layout of a k-configuration tree, nodes in level order (a node's children together,
+    in the order of their parents) — the order the MCSD planners add them in."""
+
+    level_sizes: tuple[int, ...]  # nodes per level, the root's level first: (1, k1, k1·k2, …)
+    depth: np.ndarray  # (n,) position relative to the root
+    parents: np.ndarray  # (n,) parent index, -1 for the root
+    ancestors: np.ndarray  # (n, n) bool: [i, j] — j is i or an ancestor of i (row i may attend to j)
+    leaves: np.ndarray  # (L,) the leaves: one llama.cpp sequence id each
+    leaf_member: np.ndarray  # (n, L) bool: node i is on the root path of leaf l (the ids i carries)
+
+    @property
+    def size(self) -> int:
+        return int(self.parents.shape[0])
+
+    def equals(self, other: ForkLayout) -> bool:
+        return self.level_sizes == other.level_sizes and all(
+            np.array_equal(getattr(self, f), getattr(other, f))
+            for f in ("depth", "parents", "ancestors", "leaves", "leaf_member")
+        )
+
+
+def _leaf_membership(ancestors: np.ndarray, leaves: np.ndarray) -> np.ndarray:
+    return ancestors[leaves].T.copy()  # (n, L): row l of the mask, seen column-wise
+
+
+@lru_cache(maxsize=64)
+def _build_layout(config: tuple[int, ...]) -> ForkLayout:
+    parents, level, sizes = [-1], [0], [1]
+    for k in config:
+        nxt = []
+        for parent in level:
+            for _ in range(k):
+                parents.append(parent)
+                nxt.append(len(parents) - 1)
+        level = nxt
+        sizes.append(len(level))
+    n = len(parents)
+    ancestors = np.zeros((n, n), dtype=bool)
+    depth = np.zeros(n, dtype=np.int32)
+    ancestors[0, 0] = True
+    for i in range(1, n):  # a node sees what its parent sees, and itself
+        ancestors[i] = ancestors[parents[i]]
+        ancestors[i, i] = True
+        depth[i] = depth[parents[i]] + 1
+    leaves = np.arange(n - sizes[-1], n)
+    layout = ForkLayout(
+        tuple(sizes),
+        depth,
+        np.asarray(parents, dtype=np.int32),
+        ancestors,
+        leaves,
+        _leaf_membership(ancestors, leaves),
+    )
+    for name in ("depth", "parents", "ancestors", "leaves", "leaf_member"):
+        getattr(layout, name).setflags(write=False)  # shared by every caller through the cache
+    return layout
+
+
+def build_layout(config: Sequence[int]) -> ForkLayout:
+    """The layout of the full tree of a k-configuration (cached: built once per configuration)."""
+    config = tuple(int(k) for k in config)
+    if any(k < 1 for k in config):
+        raise ValueError(f"a k-configuration needs every k ≥ 1, got {config}")
+    return _build_layout(config)
+
+
+def slice_layout(layout: ForkLayout, depth: int) -> ForkLayout:
+    """The layout of the same tree stopped after ``depth`` levels, cut out of the full one.
+
+    Nodes are in level order, so the truncated tree is a prefix of n_d nodes: its mask is the
+    upper-left n_d × n_d block, its leaves the last level kept.
+    """
+    if not 0 <= depth < len(layout.level_sizes):
+        raise ValueError(f"depth {depth} outside 0..{len(layout.level_sizes) - 1}")
+    n = sum(layout.level_sizes[: depth + 1])
+    ancestors = layout.ancestors[:n, :n]
+    leaves = np.arange(n - layout.level_sizes[depth], n)
+    return ForkLayout(
+        layout.level_sizes[: depth + 1],
+        layout.depth[:n],
+        layout.parents[:n],
+        ancestors,
+        leaves,
+        _leaf_membership(ancestors, leaves),
+    )
+
+
+def layout_for(tree: DraftTree, layout: ForkLayout) -> ForkLayout | None:
+    """The slice of ``layout`` that is exactly ``tree``'s shape, or None (a level cut short by the
+    budget or by a distribution with fewer candidates than k)."""
+    ends = np.cumsum(layout.level_sizes)
+    hits = np.flatnonzero(ends == tree.size)
+    if hits.size == 0 or not np.array_equal(tree.parents, layout.parents[: tree.size]):
+        return None
+    return slice_layout(layout, int(hits[0]))
+
+
+# -- planners ---------------------------------------------------------------------------------------
+@dataclass
+class MCSDPlanner:
+    k_config: tuple[int, ...] = (4, 2, 2, 1)  # (k1, k2, …): children per node at each depth
+    early_stop: str = "off"  # off | threshold | model
+    beta: float = 0.4  # β: stop when every branch's predicted acceptance is below it
+    budget: int = 0  # cap on draft tokens, root excluded; 0: the k-configuration's own size
+    model: DecisionModel | None = None  # the decision model for early_stop="model"
+    name: str = "mcsd"
+    lossy: bool = False
+
+    def __post_init__(self) -> None:
+        self.k_config = tuple(int(k) for k in self.k_config)
+        if not self.k_config or any(k < 1 for k in self.k_config):
+            raise ValueError(f"k_config needs at least one level and every k ≥ 1, got {self.k_config}")
+        if self.early_stop not in EARLY_STOP_MODES:
+            raise ValueError(
+                f"early_stop must be one of {', '.join(EARLY_STOP_MODES)}, got {self.early_stop!r}"
+            )
+        if self.early_stop == "model" and self.model is None:
+            raise ValueError("early_stop='model' needs a decision model (early_stop_model=PATH to an .npz)")
+
+    @property
+    def full_config(self) -> tuple[int, ...]:
+        """Children per level of the full tree, root level first."""
+        return self.k_config
+
+    def layout(self) -> ForkLayout:
+        """The full tree's layout, built once; slice it with ``slice_layout`` / ``layout_for``."""
+        return build_layout(self.full_config)
+
+    def describe(self) -> str:
+        text = "k=" + "×".join(str(k) for k in self.full_config)
+        if self.early_stop != "off":
+            text += f" early-stop={self.early_stop} β={self.beta:g}"
+        return text + (f" budget={self.budget}" if self.budget > 0 else "")
+
+    def plan(self, root_token: int, drafter: Drafter, ctx: PlanContext) -> DraftTree:
+        tree = TreeBuilder(root_token)
+        decodes, evaluated = self._grow(tree, [0], self.k_config, drafter, ctx)
+        return self._finish(tree, decodes, evaluated)
+
+    # -- shared by both variants --------------------------------------------------------------------
+    def _cap(self, ctx: PlanContext) -> int:
+        cap = ctx.max_nodes - 1
+        return min(self.budget, cap) if self.budget > 0 else cap
+
+    def _children(
+        self, tree: TreeBuilder, node: int, dist: SparseDist, k: int, ctx: PlanContext, cap: int
+    ) -> list[int]:
+        """Give ``node`` up to k children from ``dist`` (sampled without replacement, or the top k)."""
+        if ctx.sampling:
+            picks, rule = sample_without_replacement(dist, k, ctx.rng), ChildRule.SAMPLED
+        else:
+            picks, rule = list(range(min(k, int(np.count_nonzero(dist.probs > 0.0))))), ChildRule.TOP
+        added = []
+        for pos in picks[: max(0, cap - (tree.size - 1))]:  # a prefix of the draws stays a valid draw
+            added.append(tree.add(node, int(dist.ids[pos]), float(dist.probs[pos])))
+        if added:
+            tree.set_children_rule(node, rule)
+        return added
+
+    def _grow(
+        self, tree: TreeBuilder, level: list[int], config: Sequence[int], drafter: Drafter, ctx: PlanContext
+    ) -> tuple[int, int]:
+        """Expand ``level`` and its descendants by ``config``, one draft decode per level.
+
+        The first level (the root, or the target's own tokens) is always expanded; early stopping
+        applies to the draft's tokens below it.
+        """
+        cap = self._cap(ctx)
+        decodes = evaluated = 0
+        for i, k in enumerate(config):
+            if not level or tree.size - 1 >= cap:
+                break
+            if i > 0 and self._stop_early(tree, level):
+                break
+            level = level[: cap - (tree.size - 1)]  # a node that cannot get a child is not worth evaluating
+            dists = drafter.expand(tree, level)
+            decodes, evaluated = decodes + 1, evaluated + len(level)
+            nxt = []
+            for node, dist in zip(level, dists):
+                nxt.extend(self._children(tree, node, dist, k, ctx, cap))
+            level = nxt
+        return decodes, evaluated
+
+    def predicted_acceptance(self, tree: TreeBuilder, nodes: Sequence[int]) -> np.ndarray:
+        """(len(nodes),) each branch's predicted acceptance, as the early-stop mode defines it."""
+        if self.early_stop == "model":
+            drawn_from = [tree.dists[tree.parents[u]] for u in nodes]  # the distribution each node came from
+            x = feature_matrix(drawn_from, [tree.draft_prob[u] for u in nodes])
+            return self.model.predict_proba(x)
+        return np.asarray([tree.draft_prob[u] for u in nodes])  # "threshold": the node's draft probability
+
+    def _stop_early(self, tree: TreeBuilder, level: Sequence[int]) -> bool:
+        if self.early_stop == "off":
+            return False
+        return bool(np.all(self.predicted_acceptance(tree, level) < self.beta))
+
+    @staticmethod
+    def _finish(tree: TreeBuilder, decodes: int, evaluated: int) -> DraftTree:
+        stats = PlanStats(
+            draft_decodes=decodes, drafted_nodes=evaluated, expected_accept=sum(tree.path_prob[1:])
+        )
+        return tree.freeze(stats)
+
+
+@dataclass
+class MCSDTargetInitPlanner(MCSDPlanner):
+    k_config: tuple[int, ...] = (4, 3, 1, 1)  # draft levels below the target's tokens: (2, 4, 3, 1, 1) in all
+    w: int = 2  # tokens the target's own distribution supplies at the root
+    target_root: Callable[[int], SparseDist] | None = None  # root token → the target's distribution after it
+    name: str = "mcsd-target-init"
+    lossy: bool = True
+
+    needs_target_root = True  # tells the decoder to supply root_dist / target_root
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.w < 1:
+            raise ValueError(f"w must be ≥ 1, got {self.w}")
+
+    @property
+    def full_config(self) -> tuple[int, ...]:
+        return (self.w, *self.k_config)
+
+    def plan(
+        self, root_token: int, drafter: Drafter, ctx: PlanContext, root_dist: SparseDist | None = None
+    ) -> DraftTree:
+        if root_dist is None and self.target_root is not None:
+            root_dist = self.target_root(root_token)
+        if root_dist is None:
+            raise EdgespecError(
+                "mcsd-target-init needs the target's distribution after the root token "
+                "(plan(..., root_dist=...) or planner.target_root); this decoder does not provide it — "
+                "use --strategy mcsd instead."
+            )
+        tree = TreeBuilder(root_token)
+        drafter.expand(tree, [0])  # the draft must still decode the root; its own q is not used here
+        tree.dists[0] = root_dist  # the distribution the root's children are taken from
+        level = self._children(tree, 0, root_dist, self.w, ctx, self._cap(ctx))
+        decodes, evaluated = self._grow(tree, level, self.k_config, drafter, ctx)
+        return self._finish(tree, decodes + 1, evaluated + 1)

@@ -1,0 +1,123 @@
+"""OPT-Tree — an adaptive draft tree that maximises the expected acceptance length (Wang et al. 2024).
+
+With the draft's probabilities as acceptance estimates, a node is accepted with probability
+p̂ = Π q along its path, and a tree T is expected to yield E(A) = Σ_{v ∈ T} p̂(v) accepted tokens
+(root excluded here, as everywhere in ``PlanStats``). Among all trees of n nodes, the best is simply
+the n nodes with the largest p̂ (Theorem 3.1): a child never has a larger p̂ than its parent, so the
+top n are closed under "parent of" — a subtree containing the root.
+
+Algorithm 1, level by level (one batched draft decode per level):
+
+1. expand the last layer; among all its children keep the n with the largest p̂ as the next layer;
+2. E_new = the sum of the n largest p̂ in the whole tree so far (non-decreasing, Theorem 3.2);
+3. stop when E_new − E_old < δ — a deeper level costs one more draft step, worth it only if it
+   adds more than δ expected tokens, with μ ≤ δ ≤ 1 where μ = draft step time / target step time;
+4. finally keep the n nodes with the largest p̂ overall.
+
+A free saving over the paper: a layer node outside the current overall top n can never enter the
+final top n, nor can its descendants (p̂ only shrinks downwards, and the n-th best only grows), so
+only layer nodes inside the current top n are sent to the draft. The result is the paper's, exactly.
+
+Children are the draft's most likely tokens (deterministic): the one-hot rule verifies them, greedy
+or sampling. Ties in p̂ go to the older node, which keeps the kept set a subtree even when q = 1.
+
+Note for the engine: the returned tree keeps only the kept nodes, renumbered (parents first), so its
+indices differ from those the draft saw during ``expand`` (nodes the draft evaluated may be dropped).
+Match accepted nodes to decoded ones by token path, not by index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .tree import ChildRule, Drafter, DraftTree, PlanContext, PlanStats, TreeBuilder
+from .tsd import best_by_path_prob
+
+
+def top_nodes(path_prob: np.ndarray, n: int) -> np.ndarray:
+    """Indices of the n non-root nodes with the largest p̂ (ties: the older node), sorted by index."""
+    idx = np.arange(1, path_prob.shape[0])
+    best = np.lexsort((idx, -path_prob[1:]))[:n]  # primary key: -p̂; then the index
+    return np.sort(idx[best])
+
+
+def subtree(tree: TreeBuilder, keep: np.ndarray) -> TreeBuilder:
+    """The tree restricted to the root and ``keep`` (closed under parents), renumbered in index order."""
+    new_index = {0: 0}
+    out = TreeBuilder(tree.tokens[0])
+    for node in keep:
+        node = int(node)
+        new_index[node] = out.add(new_index[tree.parents[node]], tree.tokens[node], tree.draft_prob[node])
+    has_child = set(out.parents[1:])
+    for old, new in new_index.items():
+        if new in has_child:
+            out.set_children_rule(new, ChildRule(tree.child_rule[old]))
+            out.dists[new] = tree.dists[old]
+    return out
+
+
+@dataclass
+class OptTreePlanner:
+    budget: int = 24  # n: draft tokens in the tree, root excluded (the paper uses 25–60 nodes in all)
+    mu: float = 0.15  # μ = draft step time / target step time (the engine passes its measured value)
+    delta: float | None = None  # δ: stop deepening when E(A) grows by less; None → μ (break-even)
+    max_depth: int = 10  # hard cap on drafting steps
+    name: str = "opt-tree"
+    lossy: bool = False
+
+    @property
+    def threshold(self) -> float:
+        """δ, the minimum gain in E(A) that pays for one more draft step."""
+        return self.mu if self.delta is None else self.delta
+
+    def describe(self) -> str:
+        return f"n={self.budget} δ={self.threshold:.3g} depth≤{self.max_depth}"
+
+    def plan(self, root_token: int, drafter: Drafter, ctx: PlanContext) -> DraftTree:
+        tree = TreeBuilder(root_token)
+        n = min(self.budget, ctx.max_nodes - 1)
+        capacity = ctx.max_nodes - 1  # nodes besides the root the draft may evaluate (its sequences)
+        layer, e_old, decodes, evaluated = [0], 0.0, 0, 0
+        for _ in range(self.max_depth):
+            if n <= 0:
+                break
+            if layer != [0]:
+                kept = set(top_nodes(np.asarray(tree.path_prob), n).tolist())
+                layer = best_by_path_prob(tree, [u for u in layer if u in kept], capacity - evaluated)
+                if not layer:
+                    break  # nothing left that could still reach the final top n
+            dists = drafter.expand(tree, layer)
+            decodes += 1
+            evaluated += len(layer) - (1 if layer == [0] else 0)
+            layer = self._next_layer(tree, layer, dists, n)
+            e_new = float(np.sort(np.asarray(tree.path_prob[1:]))[::-1][:n].sum())  # E_sub(T, n)
+            gain, e_old = e_new - e_old, e_new
+            if not layer or gain < self.threshold:
+                break
+        out = subtree(tree, top_nodes(np.asarray(tree.path_prob), n))
+        stats = PlanStats(
+            draft_decodes=decodes,
+            drafted_nodes=evaluated + (1 if decodes else 0),
+            expected_accept=float(sum(out.path_prob[1:])),
+        )
+        return out.freeze(stats)
+
+    @staticmethod
+    def _next_layer(tree: TreeBuilder, layer: list[int], dists, n: int) -> list[int]:
+        """Add the n children of ``layer`` with the largest p̂ = p̂(parent) · q; returns them."""
+        sizes = [d.probs.shape[0] for d in dists]
+        parent_at = np.repeat(np.arange(len(layer)), sizes)  # (C,) index into layer
+        pos = np.concatenate([np.arange(s) for s in sizes])  # (C,) rank within its parent
+        q = np.concatenate([d.probs for d in dists])  # (C,)
+        phat = np.asarray([tree.path_prob[u] for u in layer])[parent_at] * q
+        live = np.flatnonzero(q > 0.0)
+        best = live[np.lexsort((pos[live], parent_at[live], -phat[live]))][:n]
+        added = []
+        for c in best:  # p̂ order; within one parent that is rank order
+            parent = layer[int(parent_at[c])]
+            d = dists[int(parent_at[c])]
+            added.append(tree.add(parent, int(d.ids[pos[c]]), float(q[c])))
+            tree.set_children_rule(parent, ChildRule.TOP)
+        return added

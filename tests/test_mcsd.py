@@ -1,0 +1,187 @@
+"""MCSD: k-configuration shapes, sampling without replacement, the sliced layout, early stopping and
+the target-initialised variant — on synthetic distributions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from fakes import SyntheticDrafter, sparse
+
+from edgespec.errors import EdgespecError
+from edgespec.planner.earlystop import N_TOP, DecisionModel, features
+from edgespec.planner.mcsd import (
+    MCSDPlanner,
+    MCSDTargetInitPlanner,
+    build_layout,
+    layout_for,
+    slice_layout,
+)
+from edgespec.planner.tree import ChildRule, PlanContext
+
+CONFIGS = [(4, 2, 2, 1), (2, 4, 3, 1, 1), (3,), (1, 1, 1), (2, 3)]
+
+
+def ctx(sampling: bool = False, seed: int = 0, max_nodes: int = 256) -> PlanContext:
+    return PlanContext(sampling=sampling, rng=np.random.default_rng(seed), max_nodes=max_nodes)
+
+
+def level_sizes(tree) -> list[int]:
+    return np.bincount(tree.depth).tolist()
+
+
+# -- shape -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("sampling", [False, True])
+def test_k_config_shape(config, sampling):
+    drafter = SyntheticDrafter.random(vocab=40, top_k=8, seed=len(config))
+    tree = MCSDPlanner(k_config=config).plan(1, drafter, ctx(sampling))
+    assert level_sizes(tree) == list(build_layout(config).level_sizes)
+    for node in range(tree.size):
+        children = tree.children(node)
+        depth = int(tree.depth[node])
+        assert len(children) == (config[depth] if depth < len(config) else 0)
+        if children:
+            assert tree.child_rule[node] == (ChildRule.SAMPLED if sampling else ChildRule.TOP)
+            tokens = [int(tree.tokens[c]) for c in children]
+            assert len(set(tokens)) == len(tokens), "siblings are drawn without replacement"
+            if not sampling:  # greedy: the draft's top k, in order
+                assert tokens == tree.dists[node].ids[: len(tokens)].tolist()
+    assert drafter.decodes == len(config)  # one batched decode per level
+    assert tree.stats.drafted_nodes == sum(build_layout(config).level_sizes[:-1])
+
+
+def test_first_and_second_child_follow_q_without_replacement():
+    q = np.array([0.4, 0.25, 0.15, 0.1, 0.06, 0.04])
+    drafter = SyntheticDrafter(lambda path: sparse(q))
+    planner = MCSDPlanner(k_config=(2,))
+    rng = np.random.default_rng(42)
+    runs = 20_000
+    first, second = np.zeros(6), np.zeros(6)
+    for _ in range(runs):
+        tree = planner.plan(99, drafter, PlanContext(sampling=True, rng=rng))
+        a, b = (int(tree.tokens[c]) for c in tree.children(0))
+        first[a] += 1
+        second[b] += 1
+    # First draw ~ q; second ~ Σ_a q(a) · q(b) / (1 − q(a)) for b ≠ a (q with the first removed).
+    expected_second = np.array([sum(q[a] * q[b] / (1 - q[a]) for a in range(6) if a != b) for b in range(6)])
+    assert first / runs == pytest.approx(q, abs=0.015)  # σ ≤ 0.0035
+    assert second / runs == pytest.approx(expected_second, abs=0.015)
+
+
+def test_a_thin_distribution_gives_fewer_children_and_the_budget_caps():
+    drafter = SyntheticDrafter(lambda path: sparse([0.7, 0.3]))  # only 2 candidates anywhere
+    tree = MCSDPlanner(k_config=(4, 2)).plan(1, drafter, ctx(True))
+    assert level_sizes(tree) == [1, 2, 4]
+    assert layout_for(tree, MCSDPlanner(k_config=(4, 2)).layout()) is None  # not the configuration's shape
+    capped = MCSDPlanner(k_config=(4, 2, 2, 1), budget=10).plan(1, SyntheticDrafter.random(seed=1), ctx())
+    assert capped.size == 11 and level_sizes(capped) == [1, 4, 6]
+
+
+# -- sliced layout -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("config", CONFIGS)
+def test_sliced_layout_equals_a_fresh_one_at_every_depth(config):
+    full = build_layout(config)
+    for depth in range(len(config) + 1):
+        sliced = slice_layout(full, depth)
+        fresh = build_layout(config[:depth])
+        assert sliced.equals(fresh), f"depth {depth}"
+        assert np.array_equal(sliced.depth, sliced.ancestors.sum(axis=1) - 1)  # positions = mask row sums
+        assert sliced.leaf_member.sum(axis=0).tolist() == [depth + 1] * sliced.leaves.shape[0]
+    with pytest.raises(ValueError):
+        slice_layout(full, len(config) + 1)
+
+
+def test_layout_matches_the_planned_tree_and_its_early_stop_slice():
+    planner = MCSDPlanner(k_config=(4, 2, 2, 1))
+    tree = planner.plan(1, SyntheticDrafter.random(seed=2), ctx())
+    layout = layout_for(tree, planner.layout())
+    assert layout is not None and np.array_equal(layout.parents, tree.parents)
+    assert np.array_equal(layout.depth, tree.depth)
+    assert planner.layout() is planner.layout()  # built once per configuration
+    stopped = MCSDPlanner(k_config=(4, 2, 2, 1), early_stop="threshold", beta=1.0).plan(
+        1, SyntheticDrafter.random(seed=2), ctx()
+    )
+    assert layout_for(stopped, planner.layout()).equals(slice_layout(planner.layout(), 1))
+
+
+# -- early stop --------------------------------------------------------------------------------------
+def constant_model(p: float) -> DecisionModel:
+    f = N_TOP + 3
+    logit = float(np.log(p / (1 - p)))
+    return DecisionModel(np.zeros(f), np.ones(f), np.zeros((f, 0)), np.zeros(0), np.zeros(f), logit)
+
+
+def test_threshold_early_stop_when_every_branch_is_unlikely():
+    flat = SyntheticDrafter(lambda path: sparse([0.3, 0.3, 0.2, 0.1, 0.1]))  # every draft prob < 0.4
+    tree = MCSDPlanner(k_config=(4, 2, 2), early_stop="threshold", beta=0.4).plan(1, flat, ctx())
+    assert level_sizes(tree) == [1, 4] and flat.decodes == 1
+    # One confident branch is enough to go on (the stop needs *every* branch below β).
+    peaked = SyntheticDrafter(
+        lambda path: sparse([0.5, 0.2, 0.2, 0.1]) if len(path) == 1 else sparse([0.35, 0.3])
+    )
+    tree = MCSDPlanner(k_config=(4, 2, 2), early_stop="threshold", beta=0.4).plan(1, peaked, ctx())
+    assert level_sizes(tree) == [1, 4, 8] and peaked.decodes == 2  # then every depth-2 node has q < β
+    off = MCSDPlanner(k_config=(4, 2, 2)).plan(1, SyntheticDrafter(flat.dist_fn), ctx())
+    assert level_sizes(off) == [1, 4, 8, 16]
+
+
+@pytest.mark.parametrize("p,expected_levels", [(0.1, [1, 4]), (0.9, [1, 4, 8, 16, 16])])
+def test_model_early_stop(p, expected_levels):
+    drafter = SyntheticDrafter.random(seed=3)
+    planner = MCSDPlanner(early_stop="model", beta=0.4, model=constant_model(p))
+    tree = planner.plan(1, drafter, ctx())
+    assert level_sizes(tree) == expected_levels
+    assert planner.predicted_acceptance(drafter.tree, [1, 2]) == pytest.approx([p, p])
+
+
+def test_model_sees_the_distribution_each_node_was_drawn_from():
+    drafter = SyntheticDrafter.random(seed=4)
+    planner = MCSDPlanner(k_config=(2, 2))
+    tree = planner.plan(1, drafter, ctx())
+    node = tree.children(0)[1]
+    expected = features(tree.dists[0], tree.draft_prob[node])
+    seen = []
+
+    class Spy(DecisionModel):
+        def predict_proba(self, x):
+            seen.append(x)
+            return np.ones(x.shape[0])
+
+    base = constant_model(0.5)
+    spy = Spy(base.mean, base.scale, base.w1, base.b1, base.w2, base.b2)
+    MCSDPlanner(k_config=(2, 2), early_stop="model", model=spy).plan(
+        1, SyntheticDrafter(drafter.dist_fn), ctx()
+    )
+    assert seen[0].shape == (2, N_TOP + 3) and np.allclose(seen[0][1], expected)
+
+
+# -- target-initialised ------------------------------------------------------------------------------
+def test_target_init_children_come_from_the_target():
+    drafter = SyntheticDrafter.random(vocab=40, seed=5)
+    target = sparse([0.5, 0.3, 0.2], ids=[31, 32, 33])
+    planner = MCSDTargetInitPlanner(w=2, k_config=(3, 1))
+    assert planner.lossy and planner.needs_target_root and planner.name == "mcsd-target-init"
+    tree = planner.plan(1, drafter, ctx(), root_dist=target)
+    assert [int(tree.tokens[c]) for c in tree.children(0)] == [31, 32]  # the target's top w (greedy)
+    assert tree.dists[0] is target and tree.child_rule[0] == ChildRule.TOP
+    assert level_sizes(tree) == [1, 2, 6, 6]
+    assert drafter.calls[0] == [0] and drafter.calls[1] == [1, 2]  # the draft still decodes the root first
+    assert layout_for(tree, planner.layout()) is not None
+    sampled = MCSDTargetInitPlanner(w=2, k_config=(3, 1), target_root=lambda root: target).plan(
+        1, SyntheticDrafter(drafter.dist_fn), ctx(True)
+    )
+    assert sampled.child_rule[0] == ChildRule.SAMPLED and sampled.dists[0] is target
+    assert {int(sampled.tokens[c]) for c in sampled.children(0)} <= {31, 32, 33}
+
+
+def test_target_init_without_the_target_distribution_says_so():
+    with pytest.raises(EdgespecError, match="root_dist"):
+        MCSDTargetInitPlanner().plan(1, SyntheticDrafter.random(), ctx())
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"k_config": ()}, {"k_config": (2, 0)}, {"early_stop": "maybe"}, {"early_stop": "model"}]
+)
+def test_invalid_configuration(kwargs):
+    with pytest.raises(ValueError):
+        MCSDPlanner(**kwargs)
