@@ -107,3 +107,29 @@ def test_steps_without_drafting_keep_both_caches_consistent():
     assert any(e.drafted == 0 for e in events) and any(e.accepted for e in events)
     _assert_cache_is_committed(pair.target)
     _assert_cache_is_committed(pair.draft)
+
+
+STRATEGIES = ["chain", "tsd", "gsd", "opt-tree", "dyspec", "mcsd"]
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_every_strategy_equals_plain_decoding_on_the_engine(strategy):
+    from edgespec.planner.registry import make_planner
+
+    pair = FakePair(n_seq=33)
+    tokens, events = _run(pair, make_planner(strategy, {"budget": 16}))
+    assert tokens == _plain()
+    assert sum(e.accepted for e in events) > 0
+    _assert_cache_is_committed(pair.target)
+    _assert_cache_is_committed(pair.draft)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_every_strategy_samples_on_the_engine(strategy):
+    from edgespec.planner.registry import make_planner
+
+    pair = FakePair(n_seq=33)
+    params = SamplingParams(temperature=0.9, seed=3)
+    tokens, events = _run(pair, make_planner(strategy, {"budget": 16}), 40, params)
+    assert len(tokens) == 40 and sum(e.accepted for e in events) > 0
+    _assert_cache_is_committed(pair.target)

@@ -120,6 +120,9 @@ class Draft(CachedModel):
         self.decode_seconds = 0.0  # time inside llama_decode this step (the rest is planner work)
         self.decodes = 0
         self._node_seq: dict[int, int | None] = {}  # decoded node → its sequence id (None: committed)
+        # The same, keyed by the node's token path: planners may prune and renumber the tree they
+        # return (OPT-Tree keeps the top n), so commit finds decoded nodes by path, not index.
+        self._path_seq: dict[tuple[int, ...], int | None] = {}
         self._seq_taken: set[int] = set()  # nodes whose sequence a child already reused
         self._used_seqs: list[int] = []
         self._root_pos = 0
@@ -134,6 +137,7 @@ class Draft(CachedModel):
         self.decode_seconds = 0.0
         self.decodes = 0
         self._node_seq.clear()
+        self._path_seq.clear()
         self._seq_taken.clear()
         self._used_seqs = []
 
@@ -146,6 +150,7 @@ class Draft(CachedModel):
             self.pending = []
             self._root_pos = len(self.committed) - 1
             self._node_seq[0] = None
+            self._path_seq[(tree.tokens[0],)] = None
             rows = row[None, :]
         else:
             rows = self._decode_level(tree, nodes)
@@ -173,6 +178,7 @@ class Draft(CachedModel):
                         parent_seq, seq, self._root_pos + 1, self._root_pos + tree.depth[parent] + 1
                     )
             self._node_seq[node] = seq
+            self._path_seq[tuple(tree.path_tokens(node))] = seq
             seqs.append((seq,))
         positions = [self._root_pos + tree.depth[node] for node in nodes]
         self.ctx.decode([tree.tokens[node] for node in nodes], positions, seqs, [True] * len(nodes))
@@ -189,18 +195,21 @@ class Draft(CachedModel):
 
     def commit(self, tree: DraftTree, path: Sequence[int], next_token: int) -> None:
         """Keep the decoded part of the accepted path; queue the rest and the new root."""
-        accepted_tokens = [int(tree.tokens[node]) for node in path[1:]]
-        if 0 not in self._node_seq:  # nothing was drafted: the old root is still pending too
+        path_tokens = [int(tree.tokens[node]) for node in path]
+        accepted_tokens = path_tokens[1:]
+        if not self._path_seq:  # nothing was drafted: the old root is still pending too
             self.pending.extend(accepted_tokens + [int(next_token)])
             return
-        decoded = [node for node in path[1:] if node in self._node_seq]  # a prefix of the path
+        # The decoded part of the accepted path is a prefix of it (a node is decoded after its parent).
+        decoded = 0
+        while decoded < len(accepted_tokens) and tuple(path_tokens[: decoded + 2]) in self._path_seq:
+            decoded += 1
         start = self._root_pos + 1
         if decoded:
-            last = decoded[-1]
-            end = self._root_pos + int(tree.depth[last]) + 1
-            self._keep_branch(self._node_seq[last], self._used_seqs, start, end)
+            end = start + decoded
+            self._keep_branch(self._path_seq[tuple(path_tokens[: decoded + 1])], self._used_seqs, start, end)
         else:
             for seq in self._used_seqs:
                 self.ctx.seq_rm(seq, start)
-        self.committed.extend(accepted_tokens[: len(decoded)])
-        self.pending = accepted_tokens[len(decoded) :] + [int(next_token)]
+        self.committed.extend(accepted_tokens[:decoded])
+        self.pending = accepted_tokens[decoded:] + [int(next_token)]
