@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Install edgespec with its test extras and the bundled model pair into .venv, then run the tests.
+#   scripts/test.sh            the full suite (real-model tests included)
+#   scripts/test.sh --quick    the quick subset: no model loading, seconds
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+# shellcheck disable=SC1091
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+# llama-cpp-python builds from source on first install (~9 minutes on 2 cores); pip caches the wheel.
+python -m pip install -q -e '.[test,bundled]'
+if [ "${1:-}" = "--quick" ]; then
+    shift
+    exec python -m pytest -q -m "not model and not slow" "$@"
+fi
+ruff check edgespec tui tests scripts
+edgespec models pull qwen2.5-coder-1.5b+0.5b
+python -m pytest -q -rs "$@"
