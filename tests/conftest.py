@@ -56,3 +56,29 @@ def models_cli() -> Callable[..., int]:
             return 1
 
     return run
+
+
+# -- the real bundled pair, loaded once per session by the tests that need it ----------------------
+@pytest.fixture(scope="session")
+def pair():
+    from realmodels import bundled_paths
+
+    target, draft = bundled_paths()
+    from edgespec.engine import EngineSettings, ModelPair
+
+    with ModelPair(target, draft, EngineSettings(n_ctx=2048, max_tree_nodes=32)) as loaded:
+        yield loaded
+
+
+@pytest.fixture(scope="session")
+def batch_noise(pair) -> float:
+    from realmodels import measure_batch_noise
+
+    return measure_batch_noise(pair)
+
+
+@pytest.fixture(scope="session")
+def plain_runs(pair) -> dict[str, tuple[list[int], list[float]]]:
+    from realmodels import plain_outputs
+
+    return plain_outputs(pair)
