@@ -43,9 +43,11 @@ def generate(
 ) -> Iterator[StepEvent]:
     """Stream the answer to ``request``; ``planner=None`` decodes plainly (one token per step)."""
     rng = np.random.default_rng(request.sampling.seed)
+    start = perf_counter()
     pair.target.sync(request.prompt[:-1])
     if planner is not None:
         pair.draft.sync(request.prompt)
+    prefill = perf_counter() - start
     root = int(request.prompt[-1])
     detok = Detokenizer(pair.target.model.piece)
     stops = StopStrings(request.stop)
@@ -72,7 +74,8 @@ def generate(
             finish = "stop"
         if finish is not None:
             text += detok.flush() if finish != "stop" else ""
-        yield _with(step.event, tokens=tokens, text=text, finish_reason=finish)
+        yield replace(step.event, tokens=tokens, text=text, finish_reason=finish, prefill_seconds=prefill)
+        prefill = 0.0
         if finish is not None:
             return
 
@@ -97,10 +100,6 @@ def _finish(reason: str, text: str) -> StepEvent:
         verified_nodes=0,
         finish_reason=reason,
     )
-
-
-def _with(event: StepEvent, **changes) -> StepEvent:
-    return replace(event, **changes)
 
 
 # -- plain decoding ---------------------------------------------------------------------------------
@@ -150,6 +149,9 @@ def speculative_step(
         merges=tree.stats.merges,
         graph_success=bool(tree.merged[list(verdict.path)].any()),
     )
+    observe = getattr(planner, "observe", None)  # optional hook: planners that learn from outcomes (auto)
+    if observe is not None:
+        observe(event)
     return _Step(emitted, verdict.next_token, event)
 
 

@@ -62,6 +62,7 @@ class StepEvent:
     merges: int = 0  # GSD merges in this step's graph
     graph_success: bool = False  # GSD: the accepted path went through a merged node
     finish_reason: str | None = None  # set on the last event: "stop", "length", "cancelled", "context"
+    prefill_seconds: float = 0.0  # first event only: decoding the prompt into both caches
 
 
 @dataclass
@@ -89,6 +90,7 @@ class GenerationStats:
         self.draft_decodes += event.draft_decodes
         self.merges += event.merges
         self.graph_successes += int(event.graph_success)
+        self.prefill_seconds += event.prefill_seconds
         self.timings = self.timings + event.timings
 
     @property
