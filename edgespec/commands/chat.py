@@ -1,0 +1,36 @@
+"""`edgespec chat`: the terminal chat app, with speculation shown live."""
+
+from __future__ import annotations
+
+from .. import options
+from ..chat import ChatSettings
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "chat",
+        help="chat in the terminal; answers stream with accepted draft tokens highlighted",
+        description="A terminal chat on a target/draft pair (default: the bundled pair). Answers stream "
+        "token by token, coloured by who chose each token; the status bar shows tokens/s, mean accepted "
+        "length and acceptance. Conversations are kept in <data dir>/chats.sqlite3 (EDGESPEC_HOME). "
+        "Inside: ctrl+p for commands, Esc stops an answer, ctrl+q quits.",
+    )
+    p.add_argument("--max-tokens", type=int, default=512, help="longest answer in tokens (default 512)")
+    p.add_argument("--system", default="", help="system prompt")
+    options.add_model_args(p)
+    options.add_sampling_args(p)
+    options.add_strategy_args(p)
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from tui.app import ChatApp
+    from tui.backend import LlamaBackend
+    from tui.storage import ChatStore
+
+    settings = ChatSettings(
+        sampling=options.sampling_params(args), max_tokens=args.max_tokens, system_prompt=args.system
+    )
+    app = ChatApp(LlamaBackend(args), ChatStore(), settings=settings)
+    app.run()
+    return int(app.return_code or 0)

@@ -1,0 +1,1 @@
+"""Screens of the chat app: the chat itself and its modal dialogs."""

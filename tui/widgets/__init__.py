@@ -1,0 +1,1 @@
+"""Widgets of the chat app, one module per role."""
