@@ -105,11 +105,22 @@ def open_pair(args: argparse.Namespace, need_draft: bool = True):
     return resolved, ModelPair(resolved.target_path, resolved.draft_path, engine_settings(args))
 
 
-def make_planner(args: argparse.Namespace, resolved: ResolvedPair, strategy: str | None = None):
-    """The planner for ``--strategy`` (None for plain decoding), CLI flags over the pair's defaults."""
+def make_planner(args: argparse.Namespace, resolved: ResolvedPair, strategy: str | None = None, pair=None):
+    """The planner for ``--strategy`` (None for plain decoding), CLI flags over the pair's defaults.
+
+    With the loaded ``pair``, ``auto`` gets the pair's cost profile (measured once, then cached);
+    without it, ``auto`` decodes plainly.
+    """
     name = strategy or args.strategy
     if name == "none":
         return None
     params = {k: v for k, v in resolved.strategy_defaults.items() if k != "strategy"}
+    if name == "auto" and resolved.strategy_defaults.get("strategy") != "auto":
+        params.pop("budget", None)  # the pair's budget is for its recommended strategy
     params.update(strategies.parameters_from_args(args))
-    return strategies.make_planner(name, params)
+    planner = strategies.make_planner(name, params)
+    if pair is not None:
+        from .costs import attach
+
+        attach(planner, pair, show_progress=True)
+    return planner

@@ -1,15 +1,207 @@
-"""`edgespec bench` (not yet available)."""
+"""`edgespec bench`: speed of every strategy against plain decoding, paired prompt by prompt."""
 
 from __future__ import annotations
 
+import argparse
 import sys
+
+from rich.console import Console
+
+from .. import options
+from ..errors import EdgespecError
+from ..planner import registry as strategies
+
+DEFAULT_STRATEGIES = "chain,tsd,gsd,opt-tree,dyspec,mcsd,auto"
+QUICK_STRATEGIES = "chain,tsd:8,dyspec:8,auto"
+QUICK_MAX_TOKENS = 48
+DEFAULT_MAX_TOKENS = 128
 
 
 def register(sub) -> None:
-    p = sub.add_parser("bench", help="bench (not yet available)")
+    p = sub.add_parser(
+        "bench",
+        help="measure strategies against plain decoding (tokens/s, speedup, MAL, acceptance)",
+        description="Runs plain decoding and each strategy on the same prompts, interleaved per prompt "
+        "(P S1 P S2 P …) after a warm-up, and reports each strategy's tokens/s relative to the plain runs "
+        "right before and after it (paired ratios: drift and background load cancel to first order).",
+    )
+    p.add_argument(
+        "--strategies",
+        help=f"comma-separated strategies, each optionally NAME:BUDGET (default: {DEFAULT_STRATEGIES}; "
+        f"--quick: {QUICK_STRATEGIES})",
+    )
+    p.add_argument(
+        "--budgets", help="comma-separated budgets; every strategy runs at each (chain: γ; auto: its cap)"
+    )
+    p.add_argument(
+        "--prompts",
+        help='a .jsonl file ({"prompt": …} or {"messages": […]} per line) or built-in sets: '
+        "code, chat, math, summarisation, translation, quick, all (default: all; --quick: quick)",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"6 short prompts, {QUICK_MAX_TOKENS} tokens, strategies {QUICK_STRATEGIES}",
+    )
+    p.add_argument("--max-tokens", type=int, help=f"tokens per answer (default {DEFAULT_MAX_TOKENS})")
+    p.add_argument("--warmup-tokens", type=int, default=8, help="tokens per variant in the warm-up")
+    p.add_argument("--json", metavar="OUT", help="write the results as JSON")
+    p.add_argument("--plot", metavar="OUT.png", help="write a PNG of speedup and MAL per strategy")
+    p.add_argument(
+        "--compare", nargs=2, metavar=("A.json", "B.json"), help="print the differences of two JSON runs"
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="print this pair's cost profile (measured if not cached) and exit",
+    )
+    p.add_argument(
+        "--reprofile", action="store_true", help="measure the cost profile again (replaces the cached one)"
+    )
+    options.add_model_args(p)
+    options.add_sampling_args(p)
+    strategies.add_parameter_flags(p.add_argument_group("strategy parameters"))
     p.set_defaults(run=run)
 
 
+def parse_variants(text: str, budgets: str | None) -> list[tuple[str, int | None]]:
+    """``"chain,tsd:8"`` and ``"4,8"`` → [(name, budget or None)], each strategy at each budget."""
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    extra = [int(b) for b in budgets.split(",") if b.strip()] if budgets else []
+    out: list[tuple[str, int | None]] = []
+    for item in names:
+        name, _, budget = item.partition(":")
+        if name == "none" or name == "plain":
+            continue  # plain decoding always runs: it is the baseline
+        if name not in strategies.STRATEGIES and name != "auto":
+            raise EdgespecError(
+                f"unknown strategy {name!r}; choose from {', '.join(strategies.STRATEGY_NAMES)}, auto"
+            )
+        if budget:
+            out.append((name, int(budget)))
+        elif extra:
+            out.extend((name, b) for b in extra)
+        else:
+            out.append((name, None))
+    if len(set(out)) != len(out):
+        raise EdgespecError(f"--strategies lists a strategy twice at the same budget: {text}")
+    return out
+
+
+def build_variants(args, resolved, pair, profile) -> list:
+    from ..bench import Variant
+
+    base = {k: v for k, v in resolved.strategy_defaults.items() if k not in ("strategy", "budget")}
+    base.update(strategies.parameters_from_args(args))
+    variants = []
+    for name, budget in parse_variants(args.strategies, args.budgets):
+        params = dict(base)
+        if budget is not None:
+            params["gamma" if name == "chain" else "budget"] = budget
+        planner = strategies.make_planner(name, params)
+        if planner.lossy:
+            raise EdgespecError(f"{name} changes the output distribution; bench compares lossless strategies")
+        if name == "auto":
+            planner.use_costs(profile.model(pair.max_nodes - 1))
+        actual = getattr(planner, "gamma", None) if name == "chain" else getattr(planner, "budget", None)
+        key = name if budget is None else f"{name}:{budget}"
+        variants.append(Variant(key, name, actual, planner))
+    return variants
+
+
 def run(args) -> int:
-    print("edgespec bench: not yet available", file=sys.stderr)
-    return 2
+    from ..bench import report
+
+    console = Console() if sys.stdout.isatty() else Console(width=160)  # files and pipes get whole tables
+    if args.compare:
+        a, b = (report.read_json(path) for path in args.compare)
+        table, notes = report.compare(a, b, names=("A", "B"))
+        console.print(f"A = {args.compare[0]}\nB = {args.compare[1]}")
+        console.print(table)
+        for note in notes:
+            console.print(f"differs: {note}")
+        return 0
+    if args.quick:
+        args.strategies = args.strategies or QUICK_STRATEGIES
+        args.prompts = args.prompts or "quick"
+        args.max_tokens = args.max_tokens or QUICK_MAX_TOKENS
+    args.strategies = args.strategies or DEFAULT_STRATEGIES
+    args.prompts = args.prompts or "all"
+    args.max_tokens = args.max_tokens or DEFAULT_MAX_TOKENS
+    return _bench(args, console)
+
+
+def _bench(args: argparse.Namespace, console: Console) -> int:
+    from .. import costs
+    from ..bench import BenchConfig, report, run_bench, summarise
+    from ..prompts import load_prompts
+
+    cases = load_prompts(args.prompts)
+    wanted = parse_variants(args.strategies, args.budgets)  # fail on a typo before loading models
+    resolved, pair = options.open_pair(args, need_draft=True)
+    with pair:
+        profile = None
+        if args.profile or args.reprofile or any(name == "auto" for name, _ in wanted):
+            quick = not (args.profile or args.reprofile)
+            with costs.progress_bar("cost profile") as bar:
+                profile = costs.load_or_measure(pair, refresh=args.reprofile, quick=quick, progress=bar)
+            if args.profile or args.reprofile:
+                console.print(report.profile_table(profile))
+                console.print(f"[dim]cached in {costs.profile_path(profile.key)}[/dim]")
+            if args.profile:
+                return 0
+        variants = build_variants(args, resolved, pair, profile)
+        config = BenchConfig(
+            max_tokens=args.max_tokens,
+            sampling=options.sampling_params(args),
+            warmup_tokens=args.warmup_tokens,
+            seed=args.seed if args.seed is not None else 1234,
+        )
+        with costs.progress_bar(f"bench ({len(cases)} prompts × {2 * len(variants) + 1} runs)") as bar:
+            result = run_bench(pair, cases, variants, config, progress=bar)
+        settings = pair.settings
+        doc = report.document(
+            summarise(result),
+            pair={
+                "name": resolved.name,
+                "target": report.model_info(resolved.target_path, _registry_sha(resolved, "target")),
+                "draft": report.model_info(resolved.draft_path, _registry_sha(resolved, "draft")),
+            },
+            settings={
+                "quick": bool(args.quick),
+                "max_tokens": args.max_tokens,
+                "temperature": args.temperature,
+                "top_k": args.top_k,
+                "top_p": args.top_p,
+                "seed": config.seed,
+                "prompts": args.prompts,
+                "prompt_names": [c.name for c in cases],
+                "strategies": [v.key for v in variants],
+                "warmup_tokens": args.warmup_tokens,
+                "warmup_seconds": result.warmup_seconds,
+                "n_ctx": settings.n_ctx,
+                "max_tree_nodes": settings.max_tree_nodes,
+                "repack": settings.repack,
+            },
+            hardware=report.hardware_info(settings),
+            cost_profile=profile.as_dict() if profile is not None else None,
+        )
+    report.print_report(doc, console)
+    if args.json:
+        report.write_json(doc, args.json)
+        console.print(f"[dim]wrote {args.json}[/dim]")
+    if args.plot:
+        report.plot(doc, args.plot)
+        console.print(f"[dim]wrote {args.plot}[/dim]")
+    return 0
+
+
+def _registry_sha(resolved, role: str) -> str | None:
+    """The registry's sha256 of the pair's model (when the pair came from the registry)."""
+    try:
+        from ..registry import load_registry
+
+        spec = load_registry().pair(resolved.name)
+        return getattr(spec, role).sha256
+    except Exception:  # noqa: BLE001 - a local file pair has no registry entry
+        return None

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import EdgespecError
+from .auto import AutoPlanner
 from .chain import ChainPlanner
 from .dyspec import DySpecPlanner
 from .earlystop import DecisionModel
@@ -331,11 +332,33 @@ STRATEGIES: dict[str, Strategy] = {
 
 STRATEGY_NAMES: tuple[str, ...] = tuple(STRATEGIES)
 
+# `auto` is not a paper's strategy: per step it picks plain decoding or a cost-aware tree from the pair's
+# measured cost curves (attached by `edgespec.costs.attach`; without them it decodes plainly).
+AUTO = Strategy(
+    "auto",
+    "plain decoding or a best-first tree sized by the measured cost curves, chosen per step",
+    "edgespec (cost profile: `edgespec bench --profile`)",
+    (
+        _budget(48, "most draft tokens per step, root excluded (the cost curves usually pick fewer)"),
+        _MAX_DEPTH,
+        Param(
+            "probe_budget",
+            "float",
+            0.01,
+            "most of the time auto may lose to probes that re-check the acceptance rate (fraction)",
+            minimum=0,
+            maximum=0.5,
+        ),
+    ),
+    lambda v: AutoPlanner(**v),
+)
+_WITH_AUTO: dict[str, Strategy] = {**STRATEGIES, AUTO.name: AUTO}
+
 
 def _all_params() -> dict[str, list[tuple[str, Param]]]:
     """Parameter name → [(strategy, its Param)], in order of first appearance."""
     table: dict[str, list[tuple[str, Param]]] = {}
-    for strategy in STRATEGIES.values():
+    for strategy in _WITH_AUTO.values():
         for p in strategy.params:
             table.setdefault(p.name, []).append((strategy.name, p))
     return table
@@ -350,9 +373,9 @@ def make_planner(name: str, params: Mapping[str, Any] | None = None) -> Planner:
     Values may be strings (CLI, TOML) or Python values; None means "not set". Parameters of *other*
     strategies are ignored (a pair's defaults may name several), unknown names are an error.
     """
-    strategy = STRATEGIES.get(name)
+    strategy = _WITH_AUTO.get(name)
     if strategy is None:
-        raise StrategyError(f"unknown strategy {name!r}; choose one of: {', '.join(STRATEGY_NAMES)}")
+        raise StrategyError(f"unknown strategy {name!r}; choose one of: {', '.join(_WITH_AUTO)}")
     values = strategy.defaults
     for key, raw in (params or {}).items():
         key = key.replace("-", "_")
@@ -383,7 +406,7 @@ def parameter_table() -> list[dict[str, Any]]:
             "default": p.default,
             "help": p.help,
         }
-        for s in STRATEGIES.values()
+        for s in _WITH_AUTO.values()
         for p in s.params
     ]
 

@@ -1,0 +1,388 @@
+"""What a bench run shows and writes: the Rich table, the JSON document, the PNG plot, comparisons.
+
+JSON schema (``edgespec-bench/1``), one document per run:
+
+    {"schema", "created", "command", "hardware": {...}, "software": {...}, "pair": {...},
+     "settings": {...}, "cost_profile": {...} | null,
+     "baseline": {"strategy": "plain", "tokens_per_second", ...},
+     "results": [{"key", "strategy", "budget", "params", "tokens_per_second", "speedup",
+                  "speedup_spread": {"median", "min", "max", "p25", "p75"}, "pooled_speedup",
+                  "paired_ratios", "mal", "acceptance_rate", "verified_per_step",
+                  "draft_decodes_per_step", "plain_step_share", "time_split": {"draft", "verify",
+                  "overhead"}, "efficiency", "identical_to_plain", ...}, ...],
+     "per_prompt": [...]}
+
+``speedup`` is the median over prompts of the paired ratio (the strategy's tokens/s ÷ the tokens/s of
+the plain runs right before and after it on the same prompt); efficiency = speedup ÷ MAL (the share
+of the ideal speedup a free draft and free verification would give).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from .. import __version__
+from ..costs import cpu_model, llama_version, model_identity
+
+SCHEMA = "edgespec-bench/1"
+AUTO_FLOOR = 0.98  # auto must keep at least this paired tokens/s ratio against plain decoding
+
+
+# -- environment ----------------------------------------------------------------------------------------
+def gpu_names() -> list[str]:
+    """GPU names from nvidia-smi when there is one (empty otherwise)."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def hardware_info(settings) -> dict:
+    from ..engine import supports_gpu_offload, system_info
+
+    return {
+        "cpu": cpu_model(),
+        "cpu_cores": os.cpu_count(),
+        "machine": platform.machine(),
+        "gpus": gpu_names(),
+        "gpu_offload_supported": supports_gpu_offload(),
+        "target_gpu_layers": getattr(settings, "target_gpu_layers", 0),
+        "draft_gpu_layers": getattr(settings, "draft_gpu_layers", 0),
+        "threads": getattr(settings, "threads", 0) or os.cpu_count(),
+        "llama_system_info": system_info().strip(),
+    }
+
+
+def software_info() -> dict:
+    import numpy
+
+    return {
+        "edgespec": __version__,
+        "llama_cpp_python": llama_version(),
+        "python": platform.python_version(),
+        "numpy": numpy.__version__,
+        "platform": platform.platform(),
+    }
+
+
+def model_info(path: str | None, registry_sha: str | None = None) -> dict | None:
+    if path is None:
+        return None
+    ident = model_identity(path)
+    return {
+        "path": ident["path"],
+        "size": ident["size"],
+        "sha256": ident["sha256"] or registry_sha,
+        "sha256_source": "store" if ident["sha256"] else ("registry" if registry_sha else None),
+    }
+
+
+def document(summary: dict, *, pair: dict, settings: dict, hardware: dict, cost_profile: dict | None) -> dict:
+    return {
+        "schema": SCHEMA,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(sys.argv),
+        "hardware": hardware,
+        "software": software_info(),
+        "pair": pair,
+        "settings": settings,
+        "cost_profile": cost_profile,
+        **summary,
+    }
+
+
+def write_json(doc: dict, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def read_json(path: str | Path) -> dict:
+    from ..errors import EdgespecError
+
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise EdgespecError(f"cannot read bench results {path}: {exc}") from exc
+    if doc.get("schema") != SCHEMA:
+        raise EdgespecError(f"{path} is not an `edgespec bench --json` file (schema {doc.get('schema')!r})")
+    return doc
+
+
+# -- table ----------------------------------------------------------------------------------------------
+def _x(value: float | None, digits: int = 2) -> str:
+    return "–" if value is None else f"{value:.{digits}f}×"
+
+
+def _pct(value: float | None) -> str:
+    return "–" if value is None else f"{value:.0%}"
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def results_table(doc: dict) -> Table:
+    base = doc["baseline"]
+    n_prompts = len(doc.get("per_prompt", []))
+    table = Table(
+        title=f"edgespec bench — {doc['pair'].get('name', '')}",
+        caption=(
+            f"speedup: median over {n_prompts} prompts of the paired ratio (tokens/s ÷ tokens/s of the "
+            "plain runs just before and after, same prompt); range = min–max. efficiency = speedup ÷ MAL."
+        ),
+        caption_justify="left",
+    )
+    for col, justify in (
+        ("strategy", "left"),
+        ("params", "left"),
+        ("tok/s", "right"),
+        ("speedup", "right"),
+        ("range", "right"),
+        ("MAL", "right"),
+        ("accept", "right"),
+        ("verified/step", "right"),
+        ("draft dec/step", "right"),
+        ("draft|verify|other", "right"),
+        ("efficiency", "right"),
+    ):
+        table.add_column(col, justify=justify)
+    split = base["time_split"]
+    table.add_row(
+        "plain",
+        "",
+        _num(base["tokens_per_second"], 1),
+        "1.00×",
+        "",
+        _num(base["mal"]),
+        "–",
+        _num(base["verified_per_step"]),
+        "0",
+        f"{split['draft']:.0%}|{split['verify']:.0%}|{split['overhead']:.0%}",
+        "",
+    )
+    for r in doc["results"]:
+        spread = r["speedup_spread"]
+        split = r["time_split"]
+        table.add_row(
+            r["key"],
+            r.get("params", ""),
+            _num(r["tokens_per_second"], 1),
+            _x(r["speedup"]),
+            f"{_num(spread['min'])}–{_num(spread['max'])}" if spread["min"] is not None else "",
+            _num(r["mal"]),
+            _pct(r["acceptance_rate"]) if r["drafted"] else "–",
+            _num(r["verified_per_step"]),
+            _num(r["draft_decodes_per_step"]),
+            f"{split['draft']:.0%}|{split['verify']:.0%}|{split['overhead']:.0%}",
+            _num(r["efficiency"]),
+        )
+    return table
+
+
+def auto_lines(doc: dict) -> list[str]:
+    """The check that matters for ``auto``: never slower than plain decoding (paired ratio ≥ 0.98)."""
+    lines = []
+    for r in doc["results"]:
+        if r["strategy"] != "auto" or r["speedup"] is None:
+            continue
+        s = r["speedup_spread"]
+        verdict = "OK" if r["speedup"] >= AUTO_FLOOR else "BELOW"
+        lines.append(
+            f"{r['key']} vs plain: paired tokens/s ratio median {s['median']:.3f} (IQR {s['p25']:.3f}–"
+            f"{s['p75']:.3f}, min {s['min']:.3f}, max {s['max']:.3f}; pooled {r['pooled_speedup']:.3f}) "
+            f"over {len(r['paired_ratios'])} prompts — {verdict} (floor {AUTO_FLOOR}); "
+            f"plain steps {r['plain_step_share']:.0%}"
+        )
+    return lines
+
+
+def print_report(doc: dict, console: Console | None = None) -> None:
+    console = console or Console()
+    console.print(results_table(doc))
+    for line in auto_lines(doc):
+        console.print(line)
+    prefill = doc.get("per_prompt", [])
+    if prefill:
+        t = sum(p["prefill_target_seconds"] for p in prefill)
+        d = sum(p["prefill_draft_seconds"] for p in prefill)
+        console.print(
+            f"prefill (not in tokens/s): target {t:.1f} s, draft {d:.1f} s over {len(prefill)} prompts",
+            style="dim",
+        )
+
+
+# -- profile table --------------------------------------------------------------------------------------
+def profile_table(profile) -> Table:
+    table = Table(
+        title="cost profile (median seconds per decode)",
+        caption="rel = cost ÷ cost of one token: 1.0 everywhere would be free batching (memory-bound), "
+        "n everywhere compute-bound. target: verify of n tokens; draft: one level of n nodes; "
+        "catch-up: the draft decoding n committed tokens.",
+        caption_justify="left",
+    )
+    for col in ("n", "target ms", "rel", "draft ms", "rel", "catch-up ms", "rel"):
+        table.add_column(col, justify="right")
+
+    def ms(v):
+        return "" if v is None else f"{v * 1e3:.1f}"
+
+    def rel(v):
+        return "" if v is None else f"{v:.2f}"
+
+    for row in profile.rows():
+        table.add_row(
+            str(row["n"]),
+            ms(row["target"]),
+            rel(row["target_rel"]),
+            ms(row["draft"]),
+            rel(row["draft_rel"]),
+            ms(row["catchup"]),
+            rel(row["catchup_rel"]),
+        )
+    return table
+
+
+# -- plot -----------------------------------------------------------------------------------------------
+def plot(doc: dict, path: str | Path) -> None:
+    """Speedup (median, min–max whiskers) and MAL per strategy/budget, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = doc["results"]
+    keys = [r["key"] for r in results]
+    speedup = [r["speedup"] or 0.0 for r in results]
+    low = [max((r["speedup"] or 0.0) - (r["speedup_spread"]["min"] or 0.0), 0.0) for r in results]
+    high = [max((r["speedup_spread"]["max"] or 0.0) - (r["speedup"] or 0.0), 0.0) for r in results]
+    mal = [r["mal"] for r in results]
+    x = range(len(keys))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(8, 1.4 * len(keys) + 4), 4.5))
+    colors = ["tab:green" if s >= 1.0 else "tab:red" for s in speedup]
+    ax1.bar(x, speedup, yerr=[low, high], capsize=4, color=colors, alpha=0.8)
+    ax1.axhline(1.0, color="black", linewidth=1, linestyle="--", label="plain decoding")
+    ax1.set_xticks(list(x), keys, rotation=30, ha="right")
+    ax1.set_ylabel("speedup vs plain (median paired ratio)")
+    ax1.set_title("tokens/s ÷ plain (whiskers: min–max over prompts)")
+    ax1.legend(loc="upper right")
+    for i, s in enumerate(speedup):
+        ax1.annotate(
+            f"{s:.2f}×",
+            (i, s),
+            ha="center",
+            va="bottom",
+            fontsize=8,
+            xytext=(0, 2),
+            textcoords="offset points",
+        )
+    ax2.bar(x, mal, color="tab:blue", alpha=0.8)
+    ax2.axhline(1.0, color="black", linewidth=1, linestyle="--")
+    ax2.set_xticks(list(x), keys, rotation=30, ha="right")
+    ax2.set_ylabel("MAL (tokens per target call)")
+    ax2.set_title("mean accepted length")
+    for i, m in enumerate(mal):
+        ax2.annotate(
+            f"{m:.2f}",
+            (i, m),
+            ha="center",
+            va="bottom",
+            fontsize=8,
+            xytext=(0, 2),
+            textcoords="offset points",
+        )
+    hw = doc.get("hardware", {})
+    fig.suptitle(
+        f"{doc['pair'].get('name', '')} — {hw.get('cpu', '')}, {hw.get('threads', '?')} threads"
+        + (f", GPU {', '.join(hw['gpus'])}" if hw.get("gpus") else "")
+        + f" — {doc['settings'].get('max_tokens')} tokens, T={doc['settings'].get('temperature')}",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# -- compare --------------------------------------------------------------------------------------------
+def compare(a: dict, b: dict, names: tuple[str, str] = ("A", "B")) -> tuple[Table, list[str]]:
+    """Per strategy/budget: speedup, MAL and tokens/s of two runs side by side, with the differences;
+    plus the lines where the two runs' setups differ."""
+    table = Table(title=f"bench comparison: {names[0]} → {names[1]}")
+    for col in (
+        "strategy",
+        f"speedup {names[0]}",
+        f"speedup {names[1]}",
+        "Δ speedup",
+        f"MAL {names[0]}",
+        f"MAL {names[1]}",
+        "Δ MAL",
+        f"tok/s {names[0]}",
+        f"tok/s {names[1]}",
+        "Δ tok/s",
+    ):
+        table.add_column(col, justify="left" if col == "strategy" else "right")
+    rows_a = {"plain": a["baseline"], **{r["key"]: r for r in a["results"]}}
+    rows_b = {"plain": b["baseline"], **{r["key"]: r for r in b["results"]}}
+    for key in list(dict.fromkeys([*rows_a, *rows_b])):
+        ra, rb = rows_a.get(key), rows_b.get(key)
+        get = _getter(key)
+        sa, sb = get(ra, "speedup"), get(rb, "speedup")
+        ma, mb = get(ra, "mal"), get(rb, "mal")
+        ta, tb = get(ra, "tokens_per_second"), get(rb, "tokens_per_second")
+        table.add_row(
+            key,
+            _x(sa),
+            _x(sb),
+            _signed(sa, sb),
+            _num(ma),
+            _num(mb),
+            _signed(ma, mb),
+            _num(ta, 1),
+            _num(tb, 1),
+            "–" if not ta or tb is None else f"{(tb / ta - 1):+.1%}",
+        )
+    notes = []
+    for section, fields in (
+        ("hardware", ("cpu", "gpus", "threads", "target_gpu_layers", "draft_gpu_layers")),
+        ("software", ("edgespec", "llama_cpp_python")),
+        ("settings", ("max_tokens", "temperature", "prompts")),
+    ):
+        for field in fields:
+            va, vb = a.get(section, {}).get(field), b.get(section, {}).get(field)
+            if va != vb:
+                notes.append(f"{section}.{field}: {va} → {vb}")
+    for role in ("target", "draft"):
+        sa_, sb_ = (doc.get("pair", {}).get(role) or {} for doc in (a, b))
+        if sa_.get("sha256") != sb_.get("sha256"):
+            notes.append(f"{role} model sha256: {sa_.get('sha256')} → {sb_.get('sha256')}")
+    return table, notes
+
+
+def _getter(key: str):
+    def get(row: dict | None, field: str):
+        if row is None:
+            return None
+        return 1.0 if key == "plain" and field == "speedup" else row.get(field)
+
+    return get
+
+
+def _signed(a: float | None, b: float | None) -> str:
+    return "–" if a is None or b is None else f"{b - a:+.2f}"

@@ -1,0 +1,316 @@
+"""Run plain decoding and each strategy on the same prompts, interleaved, and pair the results.
+
+Order per prompt, for strategies S1 … Sk:  P S1 P S2 P … Sk P  (P = plain decoding). Each strategy
+run sits between two plain runs of the same prompt, so its **paired ratio** — its tokens/s over the
+tokens/s of the two plain runs around it — cancels slow drift of the machine (thermal state, other
+processes starting or stopping) to first order. Summaries use the median and spread of these ratios.
+
+Timing: the prompt is decoded into both caches before the clock starts (prefill is reported apart,
+once per prompt: later runs of the same prompt find it in the cache); the clock then covers the
+whole generation loop — draft, verify, planning and bookkeeping, detokenisation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from statistics import median
+from time import perf_counter
+
+import numpy as np
+
+from ..chat import ChatSettings, Message, prompt_tokens
+from ..decoder import Request, generate
+from ..events import GenerationStats
+from ..prompts import PromptCase
+from ..sampling import SamplingParams
+
+PLAIN = "plain"
+Progress = Callable[[str, int, int], None]  # (what, done, total)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One strategy at one budget, and the planner that runs it (kept for the whole bench)."""
+
+    key: str  # unique: "chain:4", "tsd:8", "auto"
+    strategy: str
+    budget: int | None
+    planner: object
+
+
+@dataclass(frozen=True)
+class Run:
+    """One generation."""
+
+    variant: str  # a Variant key, or PLAIN
+    prompt: str  # PromptCase name
+    tokens: tuple[int, ...]
+    seconds: float  # wall clock of the generation loop (prefill excluded)
+    stats: GenerationStats
+    plain_steps: int  # steps that drafted nothing
+
+    @property
+    def tokens_per_second(self) -> float:
+        return len(self.tokens) / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class PromptResult:
+    case: PromptCase
+    prompt_tokens: int
+    prefill_target: float  # seconds
+    prefill_draft: float
+    runs: list[Run] = field(default_factory=list)  # in the order they ran
+
+    def plain_runs(self) -> list[Run]:
+        return [r for r in self.runs if r.variant == PLAIN]
+
+    def paired(self, key: str) -> tuple[Run, list[Run]] | None:
+        """A strategy's run and the plain runs right before and after it."""
+        for i, run in enumerate(self.runs):
+            if run.variant == key:
+                around = [self.runs[j] for j in (i - 1, i + 1) if 0 <= j < len(self.runs)]
+                return run, [r for r in around if r.variant == PLAIN]
+        return None
+
+    def ratio(self, key: str) -> float | None:
+        """Tokens/s of the strategy ÷ tokens/s of the adjacent plain runs (pooled)."""
+        pair = self.paired(key)
+        if pair is None or not pair[1]:
+            return None
+        run, plains = pair
+        plain_tps = sum(len(p.tokens) for p in plains) / sum(p.seconds for p in plains)
+        return run.tokens_per_second / plain_tps if plain_tps > 0 else None
+
+
+@dataclass
+class BenchConfig:
+    max_tokens: int = 128
+    sampling: SamplingParams = SamplingParams()
+    warmup_tokens: int = 8  # every variant generates this much once before timing starts
+    seed: int = 1234  # sampling seed of prompt i is seed + i (the same for every variant)
+
+
+@dataclass
+class BenchResult:
+    config: BenchConfig
+    variants: list[Variant]
+    prompts: list[PromptResult]
+    warmup_seconds: float = 0.0
+
+
+def schedule(variant_keys: Sequence[str]) -> list[str]:
+    """P S1 P S2 P … Sk P: every strategy between two plain runs."""
+    order = [PLAIN]
+    for key in variant_keys:
+        order += [key, PLAIN]
+    return order
+
+
+def _sampling_for(config: BenchConfig, index: int) -> SamplingParams:
+    s = config.sampling
+    if s.greedy:
+        return s
+    return SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=config.seed + index)
+
+
+def timed_run(
+    pair, planner, key: str, case_name: str, prompt: Sequence[int], max_tokens: int, sampling
+) -> Run:
+    """One generation; the prompt is already in the caches (``sync`` is a no-op inside ``generate``)."""
+    pair.target.sync(prompt[:-1])
+    if planner is not None:
+        pair.draft.sync(prompt)
+    stats = GenerationStats()
+    tokens: list[int] = []
+    plain_steps = 0
+    request = Request(prompt=list(prompt), max_tokens=max_tokens, sampling=sampling)
+    start = perf_counter()
+    for event in generate(pair, planner, request):
+        tokens.extend(t.id for t in event.tokens)
+        if event.verified_nodes:
+            stats.add(event)
+            plain_steps += int(event.drafted == 0)
+    seconds = perf_counter() - start
+    stats.prompt_tokens = len(prompt)
+    return Run(key, case_name, tuple(tokens), seconds, stats, plain_steps)
+
+
+def run_bench(
+    pair,
+    cases: Sequence[PromptCase],
+    variants: Sequence[Variant],
+    config: BenchConfig,
+    progress: Progress | None = None,
+    tokenize: Callable[[PromptCase], list[int]] | None = None,
+) -> BenchResult:
+    """Warm up every variant once, then run each prompt in the interleaved order of ``schedule``.
+
+    ``tokenize`` turns a prompt into token ids (default: the target's chat template)."""
+    order = schedule([v.key for v in variants])
+    planners = {v.key: v.planner for v in variants}
+    planners[PLAIN] = None
+    total = len(cases) * len(order) + 1
+    done = 0
+
+    def tick(what: str) -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(what, done, total)
+
+    tokenize = tokenize or (lambda case: _chat_tokens(pair, case, config.max_tokens))
+    prompts = [tokenize(case) for case in cases]
+    start = perf_counter()
+    if cases and config.warmup_tokens > 0:
+        first = prompts[0]
+        pair.target.sync(first[:-1])
+        pair.draft.sync(first)
+        for key in [PLAIN, *(v.key for v in variants)]:
+            timed_run(
+                pair, planners[key], key, "warm-up", first, config.warmup_tokens, _sampling_for(config, 0)
+            )
+    warmup = perf_counter() - start
+    tick("warm-up")
+    results: list[PromptResult] = []
+    for index, (case, prompt) in enumerate(zip(cases, prompts)):
+        t0 = perf_counter()
+        pair.target.sync(prompt[:-1])
+        t1 = perf_counter()
+        pair.draft.sync(prompt)
+        t2 = perf_counter()
+        result = PromptResult(case, len(prompt), t1 - t0, t2 - t1)
+        sampling = _sampling_for(config, index)
+        for key in order:
+            if progress is not None:
+                progress(f"{case.name}: {key}", done, total)
+            result.runs.append(
+                timed_run(pair, planners[key], key, case.name, prompt, config.max_tokens, sampling)
+            )
+            tick(f"{case.name}: {key}")
+        results.append(result)
+    return BenchResult(config, list(variants), results, warmup)
+
+
+def _chat_tokens(pair, case: PromptCase, max_tokens: int) -> list[int]:
+    messages = [Message(role, content) for role, content in case.messages]
+    tokens, _ = prompt_tokens(pair, messages, ChatSettings(max_tokens=max_tokens))
+    return tokens
+
+
+# -- summaries ------------------------------------------------------------------------------------------
+def _spread(values: Sequence[float]) -> dict:
+    if not values:
+        return {"median": None, "min": None, "max": None, "p25": None, "p75": None}
+    arr = np.asarray(values, dtype=np.float64)
+    return {
+        "median": float(median(values)),
+        "min": float(arr.min()),
+        "max": float(arr.max()),
+        "p25": float(np.percentile(arr, 25)),
+        "p75": float(np.percentile(arr, 75)),
+    }
+
+
+def _totals(runs: Sequence[Run]) -> dict:
+    stats = GenerationStats()
+    for run in runs:
+        stats.tokens += run.stats.tokens
+        stats.target_calls += run.stats.target_calls
+        stats.drafted += run.stats.drafted
+        stats.accepted += run.stats.accepted
+        stats.verified_nodes += run.stats.verified_nodes
+        stats.draft_decodes += run.stats.draft_decodes
+        stats.timings = stats.timings + run.stats.timings
+    tokens = sum(len(r.tokens) for r in runs)
+    seconds = sum(r.seconds for r in runs)
+    steps = stats.target_calls or 1
+    draft = stats.timings.draft / seconds if seconds else 0.0
+    verify = stats.timings.verify / seconds if seconds else 0.0
+    return {
+        "runs": len(runs),
+        "tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_second": tokens / seconds if seconds else 0.0,
+        "target_calls": stats.target_calls,
+        "mal": stats.mean_accepted_length,
+        "acceptance_rate": stats.acceptance_rate,
+        "drafted": stats.drafted,
+        "accepted": stats.accepted,
+        "verified_per_step": stats.verified_nodes / steps,
+        "draft_decodes_per_step": stats.draft_decodes / steps,
+        "plain_step_share": sum(r.plain_steps for r in runs) / steps,
+        "time_split": {"draft": draft, "verify": verify, "overhead": max(1.0 - draft - verify, 0.0)},
+    }
+
+
+def summarise(result: BenchResult) -> dict:
+    """Baseline, one entry per strategy/budget, and the per-prompt numbers (the JSON's core)."""
+    all_plain = [r for p in result.prompts for r in p.plain_runs()]
+    entries = [_entry(result, variant) for variant in result.variants]
+    per_prompt = []
+    for pr in result.prompts:
+        variants = {}
+        for v in result.variants:
+            paired = pr.paired(v.key)
+            if paired is not None:
+                run = paired[0]
+                variants[v.key] = {
+                    "tokens": len(run.tokens),
+                    "tokens_per_second": run.tokens_per_second,
+                    "ratio": pr.ratio(v.key),
+                    "mal": run.stats.mean_accepted_length,
+                }
+        per_prompt.append(
+            {
+                "prompt": pr.case.name,
+                "category": pr.case.category,
+                "prompt_tokens": pr.prompt_tokens,
+                "prefill_target_seconds": pr.prefill_target,
+                "prefill_draft_seconds": pr.prefill_draft,
+                "plain_tokens_per_second": [r.tokens_per_second for r in pr.plain_runs()],
+                "order": [r.variant for r in pr.runs],
+                "variants": variants,
+            }
+        )
+    return {
+        "baseline": {"strategy": PLAIN, **_totals(all_plain)},
+        "results": entries,
+        "per_prompt": per_prompt,
+    }
+
+
+def _entry(result: BenchResult, variant: Variant) -> dict:
+    runs, adjacent, ratios, same = [], [], [], []
+    for pr in result.prompts:
+        paired = pr.paired(variant.key)
+        if paired is None:
+            continue
+        run, plains = paired
+        runs.append(run)
+        adjacent.extend(plains)
+        ratio = pr.ratio(variant.key)
+        if ratio is not None:
+            ratios.append(ratio)
+        if plains:
+            same.append(run.tokens == plains[0].tokens)
+    totals = _totals(runs)
+    plain_tps = _totals(adjacent)["tokens_per_second"] if adjacent else 0.0
+    spread = _spread(ratios)
+    speedup = spread["median"]
+    describe = getattr(variant.planner, "describe", None)
+    return {
+        "key": variant.key,
+        "strategy": variant.strategy,
+        "budget": variant.budget,
+        "params": describe() if describe else "",
+        **totals,
+        "speedup": speedup,  # median paired ratio
+        "speedup_spread": spread,
+        "pooled_speedup": totals["tokens_per_second"] / plain_tps if plain_tps else None,
+        "paired_ratios": ratios,
+        "efficiency": speedup / totals["mal"] if speedup and totals["mal"] else None,
+        # greedy: share of prompts whose output equals plain decoding's (near-tie flips aside)
+        "identical_to_plain": sum(same) / len(same) if same and result.config.sampling.greedy else None,
+    }

@@ -1,0 +1,382 @@
+"""Cost profile of a loaded pair: seconds per decode as a function of batch size, on this machine.
+
+What ``auto`` needs to decide whether (and how much) to speculate:
+
+- ``target``: the target verifying a tree of n tokens (root included), every row output — n = 1 is
+  plain decoding;
+- ``draft``: one draft level of n nodes (one batched decode, every row output, plus the top-k
+  reduction of the rows — what ``Draft.expand`` costs);
+- ``catchup``: the draft decoding n committed tokens in a row (what it pays after plain steps).
+
+Measured through the engine's public API only (``Target.verify`` of chain trees, ``Draft.expand`` of
+one level, ``decode_committed``), rolled back with ``sync``. A subset of sizes is measured with
+repeats, sizes interleaved (forwards, then backwards) so that drift spreads evenly; the median of
+the repeats is kept and the rest of 1…64 is interpolated. The profile is cached as JSON in
+``<data home>/profiles/`` keyed by the model files (sha256 from the store's record, else size and
+mtime), the offload, the threads, the weight repacking and the llama.cpp build.
+
+    profile = load_or_measure(pair)            # cached after the first time
+    planner.use_costs(profile.model())         # what `auto` consumes (pure numbers)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from statistics import median
+from time import perf_counter
+
+import numpy as np
+
+from .paths import home_dir
+from .planner.auto import CostModel
+
+PROFILE_VERSION = 1
+SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64)  # target verify and draft level sizes
+CATCHUP_SIZES = (1, 2, 4, 8, 16, 32, 64)
+QUICK_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+QUICK_CATCHUP_SIZES = (1, 2, 4, 8, 16, 64)
+CONTEXT_TOKENS = 160  # committed tokens the measurements run on (a typical prompt plus some answer)
+
+Progress = Callable[[str, int, int], None]  # (what, done, total)
+
+
+@dataclass(frozen=True)
+class CostProfile:
+    """Median seconds by batch size; ``model()`` turns it into the curves ``auto`` uses."""
+
+    target: dict[int, float]  # verify of n tokens → seconds
+    draft: dict[int, float]  # one draft level of n nodes → seconds
+    catchup: dict[int, float]  # the draft decoding n committed tokens in a row → seconds
+    key: dict = field(default_factory=dict)  # what it was measured for (see ``profile_key``)
+    repeats: int = 0
+    created: str = ""
+    spread: dict = field(default_factory=dict)  # curve → {n: (min, max)} of the repeats
+
+    def model(self, n_max: int = 64) -> CostModel:
+        return CostModel(
+            target=_interpolate(self.target, n_max),
+            draft=_interpolate(self.draft, n_max),
+            catchup=_interpolate(self.catchup, n_max),
+        )
+
+    def rows(self) -> list[dict]:
+        """One row per measured size: seconds, and each curve relative to one token (its c(n)/c(1))."""
+        sizes = sorted(set(self.target) | set(self.draft) | set(self.catchup))
+        t1, d1, k1 = self.target.get(1), self.draft.get(1), self.catchup.get(1)
+        out = []
+        for n in sizes:
+            t, d, k = self.target.get(n), self.draft.get(n), self.catchup.get(n)
+            out.append(
+                {
+                    "n": n,
+                    "target": t,
+                    "target_rel": t / t1 if t and t1 else None,
+                    "draft": d,
+                    "draft_rel": d / d1 if d and d1 else None,
+                    "catchup": k,
+                    "catchup_rel": k / k1 if k and k1 else None,
+                }
+            )
+        return out
+
+    def as_dict(self) -> dict:
+        return {
+            "version": PROFILE_VERSION,
+            "created": self.created,
+            "repeats": self.repeats,
+            "key": self.key,
+            "target": {str(n): s for n, s in sorted(self.target.items())},
+            "draft": {str(n): s for n, s in sorted(self.draft.items())},
+            "catchup": {str(n): s for n, s in sorted(self.catchup.items())},
+            "spread": {
+                curve: {str(n): list(v) for n, v in sorted(values.items())}
+                for curve, values in self.spread.items()
+            },
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CostProfile:
+        if data.get("version") != PROFILE_VERSION:
+            raise ValueError(f"cost profile version {data.get('version')!r}, expected {PROFILE_VERSION}")
+
+        def curve(name: str) -> dict[int, float]:
+            return {int(n): float(s) for n, s in data[name].items()}
+
+        return cls(
+            target=curve("target"),
+            draft=curve("draft"),
+            catchup=curve("catchup"),
+            key=dict(data.get("key", {})),
+            repeats=int(data.get("repeats", 0)),
+            created=str(data.get("created", "")),
+            spread={
+                c: {int(n): tuple(v) for n, v in values.items()}
+                for c, values in data.get("spread", {}).items()
+            },
+        )
+
+
+def _interpolate(points: dict[int, float], n_max: int) -> np.ndarray:
+    """Seconds for n = 1…n_max: linear between measured sizes, linear extrapolation past the last."""
+    sizes = np.asarray(sorted(points), dtype=np.float64)
+    values = np.asarray([points[int(n)] for n in sizes], dtype=np.float64)
+    n = np.arange(1, n_max + 1, dtype=np.float64)
+    out = np.interp(n, sizes, values)
+    if sizes.shape[0] >= 2 and n_max > sizes[-1]:
+        slope = max((values[-1] - values[-2]) / (sizes[-1] - sizes[-2]), 0.0)
+        past = n > sizes[-1]
+        out[past] = values[-1] + slope * (n[past] - sizes[-1])
+    return out
+
+
+# -- identity and cache ---------------------------------------------------------------------------------
+def model_identity(path: str) -> dict:
+    """Path, size, mtime, and the sha256 when the store has hashed this exact file (never rehashed here)."""
+    p = Path(path)
+    try:
+        stat = p.stat()
+    except OSError:
+        return {"path": str(path), "size": None, "mtime_ns": None, "sha256": None}
+    sha = None
+    record = p.with_name(p.name + ".verified.json")  # written by the model store after hashing
+    try:
+        data = json.loads(record.read_text())
+        if data.get("size") == stat.st_size and data.get("mtime_ns") == stat.st_mtime_ns:
+            sha = data.get("sha256")
+    except (OSError, ValueError):
+        pass
+    return {"path": str(p), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": sha}
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def llama_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("llama_cpp_python")
+    except Exception:  # noqa: BLE001 - not installed, or an odd install: the key just says so
+        return "unknown"
+
+
+def profile_key(pair) -> dict:
+    """Everything the costs depend on: the two model files, offload, threads, repacking, the build."""
+    settings = getattr(pair, "settings", None)
+    threads = getattr(settings, "threads", 0) or os.cpu_count() or 1
+
+    def identity(runner) -> dict:
+        ident = model_identity(str(runner.model.path))
+        if ident["sha256"]:
+            return {"sha256": ident["sha256"]}
+        return {k: ident[k] for k in ("path", "size", "mtime_ns")}
+
+    return {
+        "target": identity(pair.target),
+        "draft": identity(pair.draft) if pair.draft is not None else None,
+        "target_gpu_layers": getattr(settings, "target_gpu_layers", 0),
+        "draft_gpu_layers": getattr(settings, "draft_gpu_layers", 0),
+        "threads": threads,
+        "repack": getattr(settings, "repack", True),
+        "llama_cpp_python": llama_version(),
+        "cpu": cpu_model(),
+    }
+
+
+def profile_path(key: dict, home: Path | None = None) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return (home or home_dir()) / "profiles" / f"costs-{digest}.json"
+
+
+def load_cached(pair, home: Path | None = None) -> CostProfile | None:
+    path = profile_path(profile_key(pair), home)
+    try:
+        return CostProfile.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def save(profile: CostProfile, home: Path | None = None) -> Path:
+    path = profile_path(profile.key, home)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(profile.as_dict(), indent=1))
+    tmp.replace(path)
+    return path
+
+
+def load_or_measure(
+    pair,
+    refresh: bool = False,
+    quick: bool = False,
+    progress: Progress | None = None,
+    home: Path | None = None,
+) -> CostProfile:
+    """The cached profile of this pair on this machine, measured (and cached) when missing or asked."""
+    if not refresh:
+        cached = load_cached(pair, home)
+        if cached is not None:
+            return cached
+    if quick:
+        profile = measure(pair, QUICK_SIZES, QUICK_CATCHUP_SIZES, repeats=2, progress=progress)
+    else:
+        profile = measure(pair, progress=progress)
+    save(profile, home)
+    return profile
+
+
+def attach(
+    planner, pair, progress: Progress | None = None, show_progress: bool = False, home: Path | None = None
+) -> None:
+    """Give a planner that wants cost curves (``auto``) this pair's profile, measuring it if needed
+    (a quick profile, once per pair and machine; ``show_progress`` draws a bar on stderr)."""
+    use = getattr(planner, "use_costs", None)
+    if use is None or pair.draft is None:
+        return
+    cached = load_cached(pair, home)
+    if cached is None and show_progress and progress is None:
+        with progress_bar("measuring this pair's cost profile (once; cached)") as bar:
+            cached = load_or_measure(pair, quick=True, progress=bar, home=home)
+    elif cached is None:
+        cached = load_or_measure(pair, quick=True, progress=progress, home=home)
+    use(cached.model(pair.max_nodes - 1))
+
+
+@contextmanager
+def progress_bar(title: str) -> Iterator[Progress]:
+    """A Rich progress bar on stderr, as a ``Progress`` callback."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress as RichProgress
+
+    with RichProgress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    ) as bar:
+        task = bar.add_task(title, total=None)
+
+        def update(what: str, done: int, total: int) -> None:
+            bar.update(task, description=f"{title}: {what}", completed=done, total=total)
+
+        yield update
+
+
+# -- measuring ------------------------------------------------------------------------------------------
+def _context_tokens(n_vocab: int, length: int = CONTEXT_TOKENS) -> list[int]:
+    """Fixed, arbitrary token ids (costs do not depend on which tokens they are)."""
+    return [(1009 + 7919 * i) % max(n_vocab - 1, 1) + 1 for i in range(length)]
+
+
+def _chain_tree(tokens: Sequence[int]):
+    from .planner.tree import TreeBuilder
+
+    tree = TreeBuilder(tokens[0])
+    node = 0
+    for token in tokens[1:]:
+        node = tree.add(node, token, 1.0)
+    return tree.freeze()
+
+
+def _time_target(pair, base: list[int], n: int) -> float:
+    target = pair.target
+    target.sync(base[:-1])
+    filler = _context_tokens(target.model.n_vocab, n + 7)[7:]
+    tree = _chain_tree([base[-1], *filler[: n - 1]])
+    start = perf_counter()
+    target.verify(tree)
+    return perf_counter() - start
+
+
+def _time_draft_level(pair, base: list[int], n: int) -> float:
+    from .planner.tree import TreeBuilder
+
+    draft = pair.draft
+    draft.sync(base)
+    draft.begin_step(1.0)
+    tree = TreeBuilder(base[-1])
+    draft.expand(tree, [0])  # the root (and nothing else pending): not timed
+    children = [tree.add(0, t, 1.0) for t in _context_tokens(draft.model.n_vocab, n + 3)[3:]]
+    start = perf_counter()
+    draft.expand(tree, children)
+    elapsed = perf_counter() - start
+    draft.begin_step(1.0)
+    draft.sync(base)  # drop the level's cells again
+    return elapsed
+
+
+def _time_catchup(pair, base: list[int], n: int) -> float:
+    draft = pair.draft
+    keep = base[: len(base) - n]
+    draft.sync(keep + [base[len(base) - n]])  # holds base[:-n]
+    start = perf_counter()
+    draft.decode_committed(base[len(base) - n :], want_last=True)
+    return perf_counter() - start
+
+
+def measure(
+    pair,
+    sizes: Sequence[int] = SIZES,
+    catchup_sizes: Sequence[int] = CATCHUP_SIZES,
+    repeats: int = 3,
+    progress: Progress | None = None,
+) -> CostProfile:
+    """Measure the three curves (needs a draft). Leaves both caches holding the measurement context."""
+    if pair.draft is None:
+        raise ValueError("a cost profile needs the draft model too")
+    limit = min(pair.max_nodes - 1, pair.target.ctx.settings.n_batch)
+    sizes = [n for n in sizes if n <= limit]
+    catchup_sizes = [n for n in catchup_sizes if n < CONTEXT_TOKENS]
+    base = _context_tokens(min(pair.target.model.n_vocab, pair.draft.model.n_vocab))
+    plan = (
+        [("target", n) for n in sizes]
+        + [("draft", n) for n in sizes]
+        + [("catchup", n) for n in catchup_sizes]
+    )
+    timers = {"target": _time_target, "draft": _time_draft_level, "catchup": _time_catchup}
+    samples: dict[str, dict[int, list[float]]] = {curve: {} for curve in timers}
+    total = len(plan) * (repeats + 1)
+    done = 0
+    pair.target.sync(base[:-1])
+    pair.draft.sync(base)
+    for rep in range(repeats + 1):  # repeat 0 warms up (caches, repacked weights) and is dropped
+        for curve, n in plan if rep % 2 else plan[::-1]:
+            seconds = timers[curve](pair, base, n)
+            if rep:
+                samples[curve].setdefault(n, []).append(seconds)
+            done += 1
+            if progress is not None:
+                progress(f"cost profile: {curve} n={n}", done, total)
+    pair.target.sync(base[:-1])
+    pair.draft.sync(base)
+
+    def medians(curve: str) -> dict[int, float]:
+        return {n: median(v) for n, v in sorted(samples[curve].items())}
+
+    return CostProfile(
+        target=medians("target"),
+        draft=medians("draft"),
+        catchup=medians("catchup"),
+        key=profile_key(pair),
+        repeats=repeats,
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        spread={c: {n: (min(v), max(v)) for n, v in sorted(s.items())} for c, s in samples.items()},
+    )

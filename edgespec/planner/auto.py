@@ -1,0 +1,365 @@
+"""``auto``: speculate only as much as this hardware pays for — and not at all when it does not.
+
+Each step maximises the expected tokens per second of the step,
+
+    rate(tree) = (1 + r · Σ p̂) / (draft time + c_t(tree size) + overhead),
+
+where Σ p̂ is the tree's expected accepted length under the draft's probabilities (OPT-Tree's E[A]),
+``r`` the running ratio of tokens accepted to tokens predicted (the draft's calibration, measured
+online through ``observe``), and c_t the target's measured verify cost by batch size (the cost
+profile, see ``edgespec.costs``). Plain decoding is the tree with only the root: rate 1 / c_t(1).
+
+1. **Could speculation ever pay?** With every draft token accepted, the best a step can do is a
+   chain of n: (1 + n) / (catch-up(1) + (n − 1) · d(1) + c_t(n + 1)). When no n beats plain decoding
+   (a compute-bound CPU, where c_t(n) ≈ n · c_t(1)), auto decodes plainly and never drafts or probes.
+2. **Forecast.** Otherwise the growth below is simulated on the average draft distribution seen so
+   far (top-j probabilities) with the measured r; the draft's catch-up on tokens it has not seen
+   (one batched decode after plain steps) is spread over a few steps. Speculate when the forecast
+   beats plain decoding by a margin.
+3. **Probes.** When the forecast says "plain" but step 1 says speculation could pay, auto still
+   drafts now and then so that r stays fresh — only when a probe's worst-case loss fits the probe
+   credit, which grows by ``probe_budget`` × every step's time: probes cost at most that fraction.
+4. **Growth (one batched draft decode per level).** Nodes are kept best-first by p̂ (the top n by p̂
+   form a subtree, OPT-Tree Theorem 3.1). After each level: the best final size m is the one that
+   maximises the rate with the draft time spent so far — so a jump in c_t (CUDA's 8 → 9 tokens) is
+   crossed only when the extra E[A] pays for it; one more level is drafted (its w best unexpanded
+   nodes, w chosen the same way, children predicted from the average distribution) only when that
+   forecast beats stopping now.
+
+Children are the draft's most likely tokens (``ChildRule.TOP``): the one-hot rule verifies them
+losslessly, greedy or sampling. Every node added to the tree stays in it (node indices are the ones
+the draft saw), so nothing is renumbered. Pure numpy: the cost curves arrive as data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .tree import ChildRule, Drafter, DraftTree, PlanContext, PlanStats, TreeBuilder
+
+WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # level widths considered when deepening
+CHILDREN_KEPT = 8  # candidates per expanded node that may enter the tree
+PROFILE_LEN = 4  # children predicted per expanded node in forecasts
+PRIOR_PROFILE = np.array([0.6, 0.12, 0.05, 0.03])  # a typical draft's top-j probabilities
+PRIOR_WEIGHT = 4.0  # the priors count as this many observed nodes / predicted tokens
+STEP_PRIOR = 2.0  # within a step, the running profile counts as this many of the step's own nodes
+DECAY = 0.97  # per observed speculative step: older steps fade
+HORIZON = 8  # the draft's catch-up after plain steps is spread over this many speculative steps
+MARGIN = 0.03  # speculate when the forecast beats plain decoding by this fraction
+PLAIN, SPECULATE, PROBE = "plain", "speculate", "probe"
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Seconds per decode by batch size, n = 1…N at index n − 1; linear past N."""
+
+    target: np.ndarray  # (N,) the target verifying n tokens (root included); [0] is plain decoding
+    draft: np.ndarray  # (N,) one draft level of n nodes (decode + top-k of every row)
+    catchup: np.ndarray  # (N,) the draft decoding n committed tokens in a row
+    overhead: float = 3e-4  # Python per speculative step besides the decodes (verify rule, KV, event)
+
+    @classmethod
+    def from_functions(
+        cls,
+        target: Callable[[int], float],
+        draft: Callable[[int], float],
+        catchup: Callable[[int], float] | None = None,
+        n_max: int = 64,
+        overhead: float = 0.0,
+    ) -> CostModel:
+        """Curves from functions of n (tests, synthetic hardware); catch-up defaults to ``draft``."""
+        n = range(1, n_max + 1)
+        return cls(
+            np.array([target(i) for i in n], dtype=np.float64),
+            np.array([draft(i) for i in n], dtype=np.float64),
+            np.array([(catchup or draft)(i) for i in n], dtype=np.float64),
+            overhead,
+        )
+
+    @staticmethod
+    def _at(curve: np.ndarray, n: np.ndarray | int) -> np.ndarray | float:
+        n = np.asarray(n)
+        size = curve.shape[0]
+        slope = max(curve[-1] - curve[-2], 0.0) if size >= 2 else curve[-1]
+        inside = curve[np.clip(n, 1, size) - 1]
+        out = np.where(n > size, curve[-1] + slope * (n - size), inside)
+        out = np.where(n <= 0, 0.0, out)
+        return float(out) if out.ndim == 0 else out
+
+    def t(self, n):
+        """Target verify of n tokens (vectorised over n)."""
+        return self._at(self.target, n)
+
+    def d(self, n):
+        """One draft level of n nodes."""
+        return self._at(self.draft, n)
+
+    def k(self, n):
+        """Draft catch-up on n committed tokens."""
+        return self._at(self.catchup, n)
+
+
+@dataclass(frozen=True)
+class _Choice:
+    rate: float  # expected tokens per second of the step
+    m: int  # draft tokens in the final tree
+    expected: float  # Σ p̂ of the final tree (uncorrected)
+    seconds: float  # predicted step time
+
+
+def best_size(
+    forced_e: float,
+    forced_n: int,
+    pool: np.ndarray,
+    spent: float,
+    ratio: float,
+    costs: CostModel,
+    cap: int,
+) -> _Choice:
+    """The best final tree: the ``forced_n`` nodes already in it (Σ p̂ = ``forced_e``) plus the m −
+    forced_n best candidates of ``pool`` (p̂, sorted descending), m ≤ cap, after ``spent`` seconds of
+    drafting. Rate = (1 + r·E) / (spent + c_t(m + 1) + overhead)."""
+    extra = np.concatenate(([0.0], np.cumsum(pool[: max(cap - forced_n, 0)])))
+    m = forced_n + np.arange(extra.shape[0])
+    e = forced_e + extra
+    seconds = spent + costs.t(m + 1) + costs.overhead
+    rates = (1.0 + ratio * e) / seconds
+    i = int(np.argmax(rates))  # ties: the smaller tree
+    return _Choice(float(rates[i]), int(m[i]), float(e[i]), float(seconds[i]))
+
+
+def deepen(
+    forced_e: float,
+    forced_n: int,
+    pool: np.ndarray,
+    expandable: np.ndarray,
+    spent: float,
+    ratio: float,
+    costs: CostModel,
+    cap: int,
+    profile: np.ndarray,
+) -> tuple[int, _Choice]:
+    """Whether to draft one more level: (w, forecast) for the best width w, or (0, stop-now choice).
+
+    ``pool`` holds the candidates' p̂ sorted descending; ``expandable`` marks those that may be
+    expanded (depth limit). Expanding the w best expandable ones makes them tree nodes and adds,
+    per node x, predicted children p̂(x) · profile.
+    """
+    room = max(cap - forced_n, 0)  # candidates past the room left can never enter the tree
+    stop = best_size(forced_e, forced_n, pool[:room], spent, ratio, costs, cap)
+    can = np.flatnonzero(expandable[: pool.shape[0]])
+    best_w, best, last = 0, stop, 0.0
+    for w in WIDTHS:
+        if w > can.shape[0] or w >= room:
+            break
+        chosen = can[:w]
+        rest = np.delete(pool[: room + w], chosen)
+        children = np.outer(pool[chosen], profile).ravel()
+        new_pool = -np.sort(-np.concatenate((rest, children)))[: room - w]
+        go = best_size(
+            forced_e + float(pool[chosen].sum()),
+            forced_n + w,
+            new_pool,
+            spent + costs.d(w),
+            ratio,
+            costs,
+            cap,
+        )
+        if go.rate > best.rate:
+            best_w, best = w, go
+        elif go.rate < last:
+            break  # past the best width (the rate is unimodal in w in practice)
+        last = go.rate
+    return best_w, best
+
+
+def simulate(
+    spent: float, ratio: float, costs: CostModel, cap: int, profile: np.ndarray, max_depth: int
+) -> _Choice:
+    """Forecast of one step's growth on the average draft distribution (children p̂ = p̂(parent)·profile)."""
+    forced_e, forced_n = 0.0, 0
+    pool = np.sort(profile)[::-1].astype(np.float64)
+    depth = np.ones(pool.shape[0], dtype=np.int32)
+    while True:
+        w, choice = deepen(forced_e, forced_n, pool, depth < max_depth, spent, ratio, costs, cap, profile)
+        if w == 0:
+            return choice
+        can = np.flatnonzero(depth < max_depth)[:w]
+        forced_e += float(pool[can].sum())
+        forced_n += w
+        spent += float(costs.d(w))
+        children = np.outer(pool[can], profile).ravel()
+        child_depth = np.repeat(depth[can] + 1, profile.shape[0])
+        keep = np.ones(pool.shape[0], dtype=bool)
+        keep[can] = False
+        pool = np.concatenate((pool[keep], children))
+        depth = np.concatenate((depth[keep], child_depth))
+        order = np.argsort(-pool, kind="stable")
+        pool, depth = pool[order], depth[order]
+
+
+def ceiling(costs: CostModel, cap: int) -> float:
+    """The best rate any tree could reach with every draft token accepted: a chain of n (accepted
+    length ≤ depth, and a chain is the cheapest way to reach a depth)."""
+    n = np.arange(1, max(cap, 1) + 1)
+    seconds = costs.k(1) + (n - 1) * costs.d(1) + costs.t(n + 1) + costs.overhead
+    return float(np.max((1.0 + n) / seconds))
+
+
+@dataclass
+class AutoPlanner:
+    budget: int = 48  # most draft tokens per step (root excluded); the cost curves pick fewer
+    max_depth: int = 10  # most tree levels (draft decodes per step)
+    probe_budget: float = 0.01  # most of the time spent on probes that may not pay (fraction)
+    costs: CostModel | None = None  # the pair's measured curves (``use_costs``); None → plain decoding
+    name: str = "auto"
+    lossy: bool = False
+    # -- learned online (observe) -----------------------------------------------------------------
+    accepted: float = field(default=PRIOR_WEIGHT, repr=False)  # decayed Σ accepted draft tokens
+    predicted: float = field(default=PRIOR_WEIGHT, repr=False)  # decayed Σ p̂ of the verified trees
+    profile: np.ndarray = field(default_factory=lambda: PRIOR_PROFILE.copy(), repr=False)
+    plain_seconds: float | None = field(default=None, repr=False)  # measured plain step time (EMA)
+    credit: float = field(default=0.0, repr=False)  # seconds probes may still lose
+    steps: dict = field(default_factory=lambda: {PLAIN: 0, SPECULATE: 0, PROBE: 0}, repr=False)
+    _mode: str = field(default=PLAIN, repr=False)
+    _forecast: _Choice | None = field(default=None, repr=False)
+    _ceiling_ok: bool | None = field(default=None, repr=False)
+
+    def use_costs(self, costs: CostModel) -> None:
+        self.costs = costs
+        self._forecast = None
+        self._ceiling_ok = None
+
+    @property
+    def ratio(self) -> float:
+        """r: accepted ÷ predicted (Σ p̂) over recent speculative steps (prior 1)."""
+        return self.accepted / self.predicted
+
+    def describe(self) -> str:
+        if self.costs is None:
+            return "no cost profile: plain decoding"
+        total = sum(self.steps.values()) or 1
+        share = (self.steps[SPECULATE] + self.steps[PROBE]) / total
+        return f"budget≤{self.budget} r={self.ratio:.2f} speculating {share:.0%} of steps"
+
+    # -- the decision -----------------------------------------------------------------------------
+    def decide(self, pending: int, cap: int) -> str:
+        """PLAIN, SPECULATE or PROBE for a step whose draft must first decode ``pending`` tokens."""
+        if self.costs is None or cap < 1:
+            return PLAIN
+        costs = self.costs
+        plain_rate = 1.0 / costs.t(1)
+        if self._ceiling_ok is None:
+            self._ceiling_ok = ceiling(costs, cap) > plain_rate * (1 + MARGIN)
+        if not self._ceiling_ok:
+            return PLAIN  # nothing could beat plain decoding here, even if every draft token were accepted
+        if self._forecast is None:
+            self._forecast = simulate(float(costs.k(1)), self.ratio, costs, cap, self.profile, self.max_depth)
+        f = self._forecast
+        catchup = float(costs.k(max(pending, 1)) - costs.k(1)) / HORIZON
+        if (1.0 + self.ratio * f.expected) / (f.seconds + catchup) > plain_rate * (1 + MARGIN):
+            return SPECULATE
+        if self.credit >= self._probe_loss(pending):
+            return PROBE
+        return PLAIN
+
+    def _probe_loss(self, pending: int) -> float:
+        """Worst case of a probe: a whole forecast tree's time for the one token plain decoding gives."""
+        costs = self.costs
+        f = self._forecast
+        seconds = f.seconds if f is not None and f.m > 0 else costs.k(1) + costs.t(2) + costs.overhead
+        return float(seconds + costs.k(max(pending, 1)) - costs.k(1) - costs.t(1))
+
+    # -- planning ---------------------------------------------------------------------------------
+    def plan(self, root_token: int, drafter: Drafter, ctx: PlanContext) -> DraftTree:
+        cap = min(self.budget, ctx.max_nodes - 1)
+        pending = len(getattr(drafter, "pending", ())) or 1  # tokens the draft has yet to decode
+        self._mode = self.decide(pending, cap)
+        self.steps[self._mode] += 1
+        if self._mode == PLAIN:
+            return TreeBuilder(root_token).freeze()  # no draft work at all; the draft catches up later
+        ratio = max(self.ratio, 1.0) if self._mode == PROBE else self.ratio
+        return self._grow(root_token, drafter, cap, pending, ratio)
+
+    def _grow(self, root_token: int, drafter: Drafter, cap: int, pending: int, ratio: float) -> DraftTree:
+        costs = self.costs
+        tree = TreeBuilder(root_token)
+        spent = float(costs.k(pending))
+        # candidates not (yet) in the tree: parent node, token, q, p̂, depth, rank (for stable ties)
+        cand: list[tuple[int, int, float, float, int, int]] = []
+        decodes, evaluated = 0, 0
+        frontier = [0]
+        tops = np.zeros(PROFILE_LEN)  # Σ top-j probabilities of this step's distributions
+        while True:
+            dists = drafter.expand(tree, frontier)
+            decodes += 1
+            evaluated += len(frontier)
+            for node, dist in zip(frontier, dists):
+                k = min(PROFILE_LEN, dist.probs.shape[0])
+                tops[:k] += dist.probs[:k]
+                for rank in range(min(CHILDREN_KEPT, dist.ids.shape[0])):
+                    q = float(dist.probs[rank])
+                    if q > 0.0:
+                        phat = tree.path_prob[node] * q
+                        cand.append((node, int(dist.ids[rank]), q, phat, tree.depth[node] + 1, len(cand)))
+            cand.sort(key=lambda c: (-c[3], c[5]))  # best p̂ first; ties: the older candidate
+            pool = np.array([c[3] for c in cand], dtype=np.float64)
+            expandable = np.array([c[4] < self.max_depth for c in cand], dtype=bool)
+            forced_e = float(sum(tree.path_prob[1:]))
+            # Children not drafted yet look like this step's distributions so far (the running
+            # profile weighs in as STEP_PRIOR nodes): a confident chain is expected to stay confident.
+            profile = (STEP_PRIOR * self.profile + tops) / (STEP_PRIOR + evaluated)
+            w, _ = deepen(forced_e, tree.size - 1, pool, expandable, spent, ratio, costs, cap, profile)
+            if w == 0:
+                break
+            chosen = [c for c, ok in zip(cand, expandable) if ok][:w]
+            frontier = [self._add(tree, c) for c in chosen]
+            taken = {id(c) for c in chosen}
+            cand = [c for c in cand if id(c) not in taken]
+            spent += float(costs.d(w))
+        final = best_size(float(sum(tree.path_prob[1:])), tree.size - 1, pool, spent, ratio, costs, cap)
+        for c in cand[: final.m - (tree.size - 1)]:
+            self._add(tree, c)
+        stats = PlanStats(
+            draft_decodes=decodes,
+            drafted_nodes=evaluated,
+            expected_accept=float(sum(tree.path_prob[1:])),
+        )
+        return tree.freeze(stats)
+
+    @staticmethod
+    def _add(tree: TreeBuilder, cand: tuple[int, int, float, float, int, int]) -> int:
+        parent, token, q = cand[0], cand[1], cand[2]
+        tree.set_children_rule(parent, ChildRule.TOP)
+        return tree.add(parent, token, q)
+
+    # -- learning ---------------------------------------------------------------------------------
+    def observe(self, event) -> None:
+        """What the step did (a ``StepEvent``): the decoder calls this after every step."""
+        seconds = event.timings.total
+        if self.costs is not None:
+            self.credit = min(self.credit + self.probe_budget * seconds, 64 * float(self.costs.t(1)))
+        if event.drafted == 0 and event.draft_decodes == 0:
+            alpha = 0.2
+            self.plain_seconds = (
+                seconds if self.plain_seconds is None else (1 - alpha) * self.plain_seconds + alpha * seconds
+            )
+            return
+        if event.drafted > 0:
+            self.accepted = DECAY * self.accepted + event.accepted
+            self.predicted = DECAY * self.predicted + event.expected_accept
+        tree = event.tree
+        if tree is not None and tree.dists:
+            tops = np.zeros((len(tree.dists), PROFILE_LEN))
+            for i, dist in enumerate(tree.dists.values()):
+                k = min(PROFILE_LEN, dist.probs.shape[0])
+                tops[i, :k] = dist.probs[:k]
+            weight = len(tree.dists) / (len(tree.dists) + PRIOR_WEIGHT / (1 - DECAY))
+            self.profile = (1 - weight) * self.profile + weight * tops.mean(axis=0)
+        if self._mode == PROBE:
+            plain = self.plain_seconds if self.plain_seconds is not None else float(self.costs.t(1))
+            self.credit -= max(seconds - len(event.tokens) * plain, 0.0)
+        self._forecast = None  # r or the profile moved

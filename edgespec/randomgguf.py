@@ -1,0 +1,417 @@
+"""Random-weight GGUF files with a real model's architecture — for timing only (the text is noise).
+
+Cost curves depend on the shapes and the quantisation, not on the weights: a Qwen2.5-7B-shaped file of
+random Q4_K blocks times like the real 7B without downloading it. The tokenizer (and chat template)
+is copied from a real GGUF of the same family, so llama.cpp loads the file and edgespec pairs it with
+that family's draft.
+
+Weights are synthesised block by block, straight in the quantised layout (no quantiser needed):
+random bytes for the quants, and fixed small f16 scales so every value is finite. Norms are 1 and
+biases 0 (F32). A K-quant needs rows that are a multiple of 256 values; other rows fall back to Q8_0,
+as llama.cpp's own quantiser does.
+
+    python scripts/make_random_gguf.py --like qwen2.5-7b --tokenizer-from target.gguf --out 7b-rand.gguf
+    python scripts/make_random_gguf.py --like real-model.gguf --type Q8_0 --layers 4 --out small.gguf
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+ARCH = "qwen2"
+
+
+@dataclass(frozen=True)
+class Dims:
+    """The hyperparameters that decide the shapes (qwen2 architecture)."""
+
+    n_layer: int
+    n_embd: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    n_vocab: int | None = None  # None: the tokenizer's size
+    tied_output: bool = True  # no separate output.weight (the embedding is reused)
+    context_length: int = 32768
+    rope_freq_base: float = 1_000_000.0
+    rms_eps: float = 1e-6
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+
+# Qwen2.5 (and -Coder) shapes, from the models' config.json.
+BUILTIN: dict[str, Dims] = {
+    "qwen2.5-0.5b": Dims(24, 896, 4864, 14, 2, tied_output=True),
+    "qwen2.5-1.5b": Dims(28, 1536, 8960, 12, 2, tied_output=True),
+    "qwen2.5-3b": Dims(36, 2048, 11008, 16, 2, tied_output=True),
+    "qwen2.5-7b": Dims(28, 3584, 18944, 28, 4, n_vocab=152064, tied_output=False),
+    "qwen2.5-14b": Dims(48, 5120, 13824, 40, 8, n_vocab=152064, tied_output=False),
+    "qwen2.5-32b": Dims(64, 5120, 27648, 40, 8, n_vocab=152064, tied_output=False),
+}
+TYPES = ("F16", "Q8_0", "Q4_0", "Q4_K", "Q6_K")
+# (values per block, bytes per block, byte offsets of the f16 scales in a block, the largest |w| / d
+# that random quants can reach — so that d = wanted max |w| / it)
+_LAYOUT = {
+    "Q8_0": (32, 34, (0,), 128),  # d, qs[32]: w = d·q, q ∈ [-128, 127]
+    "Q4_0": (32, 18, (0,), 8),  # d, qs[16]: w = d·(q − 8)
+    "Q4_K": (256, 144, (0, 2), 63 * 15),  # d, dmin, scales[12], qs[128]: w = d·sc·q − dmin·m, sc, m < 64
+    "Q6_K": (256, 210, (208,), 128 * 32),  # ql[128], qh[64], scales[16], d: w = d·sc·(q − 32)
+}
+MAX_WEIGHT = 0.05  # random weights stay within ±this (activations stay finite through the layers)
+_TOKENIZER_KEYS = (
+    "tokenizer.ggml.model",
+    "tokenizer.ggml.pre",
+    "tokenizer.ggml.tokens",
+    "tokenizer.ggml.token_type",
+    "tokenizer.ggml.merges",
+    "tokenizer.ggml.eos_token_id",
+    "tokenizer.ggml.bos_token_id",
+    "tokenizer.ggml.padding_token_id",
+    "tokenizer.ggml.add_bos_token",
+    "tokenizer.chat_template",
+)
+
+
+def dims_from_gguf(path: str | Path) -> Dims:
+    """The qwen2 hyperparameters of a real GGUF (read from its metadata)."""
+    kv, tensors = read_header(path)
+    arch = kv.get("general.architecture")
+    if arch != ARCH:
+        raise ValueError(f"{path} is a {arch!r} model; only {ARCH} is supported")
+
+    def get(key: str, default=None):
+        return kv.get(f"{ARCH}.{key}", default)
+
+    return Dims(
+        n_layer=int(get("block_count")),
+        n_embd=int(get("embedding_length")),
+        n_ff=int(get("feed_forward_length")),
+        n_head=int(get("attention.head_count")),
+        n_head_kv=int(get("attention.head_count_kv")),
+        n_vocab=int(tensors["token_embd.weight"][1]),
+        tied_output="output.weight" not in tensors,
+        context_length=int(get("context_length", 32768)),
+        rope_freq_base=float(get("rope.freq_base", 1_000_000.0)),
+        rms_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
+    )
+
+
+def read_tokenizer(path: str | Path) -> dict:
+    """The tokenizer fields of a real GGUF, as Python values."""
+    kv, _ = read_header(path)
+    if "tokenizer.ggml.tokens" not in kv:
+        raise ValueError(f"{path} has no tokenizer (tokenizer.ggml.tokens)")
+    return {key: kv[key] for key in _TOKENIZER_KEYS if key in kv}
+
+
+# GGUF value types → struct format (scalars); 8 = string, 9 = array.
+_SCALARS = {
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    10: "<Q",
+    11: "<q",
+    12: "<d",
+}
+_NUMPY = {
+    0: "<u1",
+    1: "<i1",
+    2: "<u2",
+    3: "<i2",
+    4: "<u4",
+    5: "<i4",
+    6: "<f4",
+    7: "<u1",
+    10: "<u8",
+    11: "<i8",
+    12: "<f8",
+}
+
+
+def read_header(path: str | Path) -> tuple[dict, dict[str, tuple[int, ...]]]:
+    """Metadata and tensor shapes (ggml order) of a GGUF, parsed directly: ``gguf.GGUFReader`` takes
+    ~20 s over a 150k-token vocabulary, this a fraction of a second."""
+    import mmap
+    import struct
+
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        if buf[:4] != b"GGUF":
+            raise ValueError(f"{path} is not a GGUF file")
+        version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
+        if version < 2:
+            raise ValueError(f"{path}: GGUF version {version} is too old")
+        pos = 24
+
+        def string() -> str:
+            nonlocal pos
+            (n,) = struct.unpack_from("<Q", buf, pos)
+            pos += 8 + n
+            return buf[pos - n : pos].decode("utf-8", errors="replace")
+
+        def value(vtype: int):
+            nonlocal pos
+            if vtype == 8:
+                return string()
+            if vtype == 9:
+                etype, count = struct.unpack_from("<IQ", buf, pos)
+                pos += 12
+                if etype in _NUMPY:
+                    arr = np.frombuffer(buf, dtype=_NUMPY[etype], count=count, offset=pos).copy()
+                    pos += arr.nbytes
+                    return arr.tolist()
+                return [value(etype) for _ in range(count)]
+            fmt = _SCALARS[vtype]
+            (v,) = struct.unpack_from(fmt, buf, pos)
+            pos += struct.calcsize(fmt)
+            return v
+
+        kv = {}
+        for _ in range(n_kv):
+            key = string()
+            (vtype,) = struct.unpack_from("<I", buf, pos)
+            pos += 4
+            kv[key] = value(vtype)
+        tensors = {}
+        for _ in range(n_tensors):
+            name = string()
+            (n_dims,) = struct.unpack_from("<I", buf, pos)
+            dims = struct.unpack_from(f"<{n_dims}Q", buf, pos + 4)
+            pos += 4 + 8 * n_dims + 4 + 8  # dims, type, offset
+            tensors[name] = tuple(int(d) for d in dims)
+    return kv, tensors
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    ne: tuple[int, ...]  # ggml order: ne[0] is the row length
+    qtype: str  # F32 | F16 | Q8_0 | …
+    fill: str = "random"  # random | ones | zeros
+
+
+def tensor_specs(dims: Dims, n_vocab: int, qtype: str) -> list[TensorSpec]:
+    """Every tensor llama.cpp's qwen2 loader expects, in file order."""
+
+    def weight(name: str, n_in: int, n_out: int) -> TensorSpec:
+        block = _LAYOUT.get(qtype, (1,))[0]
+        return TensorSpec(name, (n_in, n_out), qtype if n_in % block == 0 else "Q8_0")
+
+    kv = dims.head_dim * dims.n_head_kv
+    specs = [weight("token_embd.weight", dims.n_embd, n_vocab)]
+    for i in range(dims.n_layer):
+        b = f"blk.{i}"
+        specs += [
+            TensorSpec(f"{b}.attn_norm.weight", (dims.n_embd,), "F32", "ones"),
+            weight(f"{b}.attn_q.weight", dims.n_embd, dims.n_embd),
+            TensorSpec(f"{b}.attn_q.bias", (dims.n_embd,), "F32", "zeros"),
+            weight(f"{b}.attn_k.weight", dims.n_embd, kv),
+            TensorSpec(f"{b}.attn_k.bias", (kv,), "F32", "zeros"),
+            weight(f"{b}.attn_v.weight", dims.n_embd, kv),
+            TensorSpec(f"{b}.attn_v.bias", (kv,), "F32", "zeros"),
+            weight(f"{b}.attn_output.weight", dims.n_embd, dims.n_embd),
+            TensorSpec(f"{b}.ffn_norm.weight", (dims.n_embd,), "F32", "ones"),
+            weight(f"{b}.ffn_gate.weight", dims.n_embd, dims.n_ff),
+            weight(f"{b}.ffn_up.weight", dims.n_embd, dims.n_ff),
+            weight(f"{b}.ffn_down.weight", dims.n_ff, dims.n_embd),
+        ]
+    specs.append(TensorSpec("output_norm.weight", (dims.n_embd,), "F32", "ones"))
+    if not dims.tied_output:
+        specs.append(weight("output.weight", dims.n_embd, n_vocab))
+    return specs
+
+
+def tensor_data(spec: TensorSpec, rng: np.random.Generator) -> np.ndarray:
+    """The tensor as numpy: float for F32/F16, raw uint8 blocks (rows × bytes) for quantised types."""
+    n_in, rows = spec.ne[0], int(np.prod(spec.ne[1:], dtype=np.int64)) if len(spec.ne) > 1 else 1
+    if spec.qtype in ("F32", "F16"):
+        dtype = np.float32 if spec.qtype == "F32" else np.float16
+        if spec.fill == "ones":
+            data = np.ones(spec.ne[::-1], dtype=dtype)
+        elif spec.fill == "zeros":
+            data = np.zeros(spec.ne[::-1], dtype=dtype)
+        else:
+            data = rng.uniform(-MAX_WEIGHT, MAX_WEIGHT, size=spec.ne[::-1]).astype(dtype)
+        return data
+    block, size, scale_offsets, reach = _LAYOUT[spec.qtype]
+    blocks = rows * (n_in // block)
+    raw = rng.integers(0, 256, size=(blocks, size), dtype=np.uint8)
+    # Fixed small scales: every value stays within ±MAX_WEIGHT, whatever the random quants.
+    d = np.frombuffer(np.float16(MAX_WEIGHT / reach).tobytes(), dtype=np.uint8)
+    for offset in scale_offsets:
+        raw[:, offset : offset + 2] = d
+    return raw.reshape(rows, (n_in // block) * size)
+
+
+def write_random_gguf(
+    out: str | Path,
+    dims: Dims,
+    tokenizer: dict,
+    qtype: str = "Q4_K",
+    seed: int = 0,
+    name: str = "random weights (timing only)",
+    progress=None,
+) -> Path:
+    """Write the file tensor by tensor (memory stays at one tensor). Returns its path."""
+    import gguf
+
+    if qtype not in TYPES:
+        raise ValueError(f"type {qtype!r}: choose one of {', '.join(TYPES)}")
+    tokens = list(tokenizer["tokenizer.ggml.tokens"])
+    n_vocab = dims.n_vocab or len(tokens)
+    token_types = list(tokenizer.get("tokenizer.ggml.token_type", [1] * len(tokens)))
+    if n_vocab > len(tokens):  # padded vocabularies (Qwen2.5-7B+): extra ids the tokenizer never emits
+        extra = n_vocab - len(tokens)
+        tokens += [f"[PAD{i}]" for i in range(len(tokens), n_vocab)]
+        token_types += [int(gguf.TokenType.UNUSED)] * extra
+    elif n_vocab < len(tokens):
+        raise ValueError(f"vocabulary of {n_vocab} is smaller than the tokenizer's {len(tokens)} tokens")
+
+    out = Path(out)
+    writer = gguf.GGUFWriter(str(out), ARCH)
+    writer.add_name(name)
+    writer.add_type("model")
+    writer.add_block_count(dims.n_layer)
+    writer.add_context_length(dims.context_length)
+    writer.add_embedding_length(dims.n_embd)
+    writer.add_feed_forward_length(dims.n_ff)
+    writer.add_head_count(dims.n_head)
+    writer.add_head_count_kv(dims.n_head_kv)
+    writer.add_rope_freq_base(dims.rope_freq_base)
+    writer.add_layer_norm_rms_eps(dims.rms_eps)
+    file_type = {"F16": 1, "Q8_0": 7, "Q4_0": 2, "Q4_K": 15, "Q6_K": 18}[qtype]
+    writer.add_file_type(file_type)
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    writer.add_tokenizer_model(tokenizer["tokenizer.ggml.model"])
+    if "tokenizer.ggml.pre" in tokenizer:
+        writer.add_tokenizer_pre(tokenizer["tokenizer.ggml.pre"])
+    writer.add_token_list(tokens)
+    writer.add_token_types(token_types)
+    if "tokenizer.ggml.merges" in tokenizer:
+        writer.add_token_merges(list(tokenizer["tokenizer.ggml.merges"]))
+    for key, add in (
+        ("tokenizer.ggml.eos_token_id", writer.add_eos_token_id),
+        ("tokenizer.ggml.bos_token_id", writer.add_bos_token_id),
+        ("tokenizer.ggml.padding_token_id", writer.add_pad_token_id),
+        ("tokenizer.ggml.add_bos_token", writer.add_add_bos_token),
+        ("tokenizer.chat_template", writer.add_chat_template),
+    ):
+        if key in tokenizer:
+            add(tokenizer[key])
+
+    specs = tensor_specs(dims, n_vocab, qtype)
+    for spec in specs:
+        qt = getattr(gguf.GGMLQuantizationType, spec.qtype)
+        n_bytes = _nbytes(spec)
+        if spec.qtype in ("F32", "F16"):
+            dtype = np.float32 if spec.qtype == "F32" else np.float16
+            writer.add_tensor_info(spec.name, spec.ne[::-1], np.dtype(dtype), n_bytes)
+        else:
+            rows = int(np.prod(spec.ne[1:], dtype=np.int64))
+            writer.add_tensor_info(
+                spec.name, (rows, n_bytes // rows), np.dtype(np.uint8), n_bytes, raw_dtype=qt
+            )
+    writer.write_header_to_file(out)
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    rng = np.random.default_rng(seed)
+    for i, spec in enumerate(specs):
+        writer.write_tensor_data(tensor_data(spec, rng))
+        if progress is not None:
+            progress(spec.name, i + 1, len(specs))
+    writer.close()
+    return out
+
+
+def _nbytes(spec: TensorSpec) -> int:
+    count = int(np.prod(spec.ne, dtype=np.int64))
+    if spec.qtype == "F32":
+        return 4 * count
+    if spec.qtype == "F16":
+        return 2 * count
+    block, size, _, _ = _LAYOUT[spec.qtype]
+    return count // block * size
+
+
+def file_size(dims: Dims, n_vocab: int, qtype: str) -> int:
+    """Bytes of tensor data the file will hold (roughly its size)."""
+    return sum(_nbytes(s) for s in tensor_specs(dims, n_vocab, qtype))
+
+
+# -- command line ---------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="make_random_gguf.py",
+        description="Write a random-weight GGUF with a real model's shapes, for timing (cost curves) only.",
+    )
+    p.add_argument(
+        "--like",
+        required=True,
+        help=f"a real qwen2 .gguf to copy the shapes from, or one of: {', '.join(BUILTIN)}",
+    )
+    p.add_argument(
+        "--tokenizer-from",
+        help="a real GGUF of the same family to copy the tokenizer from (default: --like when it is a file)",
+    )
+    p.add_argument("--out", required=True, help="the .gguf to write")
+    p.add_argument("--type", default="Q4_K", choices=TYPES, help="weight type (default Q4_K)")
+    p.add_argument("--layers", type=int, help="override the layer count")
+    p.add_argument("--embd", type=int, help="override the embedding width")
+    p.add_argument("--ff", type=int, help="override the feed-forward width")
+    p.add_argument("--heads", type=int, help="override the attention heads")
+    p.add_argument("--kv-heads", type=int, help="override the key/value heads")
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    like_file = Path(args.like).is_file()
+    if like_file:
+        dims = dims_from_gguf(args.like)
+    elif args.like in BUILTIN:
+        dims = BUILTIN[args.like]
+    else:
+        print(f"--like: {args.like} is neither a file nor one of {', '.join(BUILTIN)}", file=sys.stderr)
+        return 2
+    overrides = {
+        "n_layer": args.layers,
+        "n_embd": args.embd,
+        "n_ff": args.ff,
+        "n_head": args.heads,
+        "n_head_kv": args.kv_heads,
+    }
+    dims = replace(dims, **{k: v for k, v in overrides.items() if v is not None})
+    tokenizer_path = args.tokenizer_from or (args.like if like_file else None)
+    if tokenizer_path is None:
+        print(
+            "--tokenizer-from: give a real GGUF of the same family to copy the tokenizer from",
+            file=sys.stderr,
+        )
+        return 2
+    tokenizer = read_tokenizer(tokenizer_path)
+    n_vocab = dims.n_vocab or len(tokenizer["tokenizer.ggml.tokens"])
+    size = file_size(dims, n_vocab, args.type)
+    print(f"writing {args.out}: {dims}, {args.type}, ~{size / 2**30:.2f} GiB", file=sys.stderr)
+    write_random_gguf(args.out, dims, tokenizer, args.type, args.seed, progress=_printer())
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+def _printer():
+    def show(name: str, done: int, total: int) -> None:
+        if done == total or done % 20 == 0:
+            print(f"  {done}/{total} tensors ({name})", file=sys.stderr)
+
+    return show

@@ -1,0 +1,236 @@
+"""`auto` on synthetic cost curves: plain decoding where batching is not free, trees sized by the
+curve where it is, probes that stay within their budget, and the loop on the fake engine."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from fake_llama import FakePair
+from fakes import SyntheticDrafter, sparse
+
+from edgespec.decoder import Request, generate
+from edgespec.events import EmittedToken, Provenance, StepEvent, StepTimings
+from edgespec.planner.auto import (
+    PLAIN,
+    PROBE,
+    SPECULATE,
+    AutoPlanner,
+    CostModel,
+    best_size,
+    ceiling,
+    simulate,
+)
+from edgespec.planner.registry import PARAM_NAMES, make_planner
+from edgespec.planner.tree import ChildRule, DraftTree, PlanContext
+from edgespec.sampling import SamplingParams
+
+C1 = 0.057  # seconds: the bundled target's single-token decode on the 2-core CPU
+# Compute-bound (this CPU): a batch of n costs n single decodes, for both models.
+CPU = CostModel.from_functions(lambda n: C1 * n, lambda n: 0.029 * n)
+
+
+def memory_bound(jump: float = 2.5, draft: float = 0.002) -> CostModel:
+    """CUDA-like: verifying up to 8 tokens costs one decode; 9 and more jump (MMVQ → MMQ)."""
+    return CostModel.from_functions(
+        lambda n: 0.010 if n <= 8 else 0.010 * jump + 0.0002 * (n - 9), lambda n: draft * (1 + 0.02 * n)
+    )
+
+
+def ctx(sampling: bool = False, max_nodes: int = 65) -> PlanContext:
+    return PlanContext(sampling=sampling, rng=np.random.default_rng(0), max_nodes=max_nodes)
+
+
+def confident(q: float = 0.9, width: int = 6) -> SyntheticDrafter:
+    """Every node: the top token has probability q, the rest share what is left."""
+
+    def dist(path):
+        rest = (1 - q) / (width - 1) * np.linspace(1.5, 0.5, width - 1)
+        ids = [(sum(path) * 31 + 7 * i + len(path)) % 1000 for i in range(width)]
+        return sparse([q, *rest], ids=ids)
+
+    return SyntheticDrafter(dist)
+
+
+def check_tree(tree: DraftTree, drafter: SyntheticDrafter) -> None:
+    for i in range(1, tree.size):
+        assert 0 <= tree.parents[i] < i and tree.depth[i] == tree.depth[tree.parents[i]] + 1
+    for node in range(tree.size):
+        children = tree.children(node)
+        if children:
+            assert tree.child_rule[node] == ChildRule.TOP and node in tree.dists
+            q = [tree.draft_prob[c] for c in children]
+            assert q == sorted(q, reverse=True), "children in the order the one-hot rule tries them"
+            assert len({int(tree.tokens[c]) for c in children}) == len(children)
+        else:
+            assert tree.child_rule[node] == ChildRule.NONE
+    # The indices are those the draft saw: every expanded node is the same node of the final tree.
+    for call in drafter.calls:
+        for node in call:
+            assert node < tree.size and tuple(tree.path_tokens(node)) in drafter.expanded_paths
+    assert tree.stats.expected_accept == pytest.approx(float(tree.path_prob[1:].sum()))
+    assert tree.stats.draft_decodes == drafter.decodes
+
+
+# -- the decision ---------------------------------------------------------------------------------------
+def test_compute_bound_never_drafts_even_with_a_perfect_draft():
+    assert ceiling(CPU, 64) < 1 / C1  # no tree could beat plain decoding here
+    planner = AutoPlanner(costs=CPU)
+    drafter = confident(q=0.999)
+    for _ in range(50):
+        tree = planner.plan(7, drafter, ctx())
+        assert tree.size == 1
+    assert drafter.decodes == 0  # not even probes: nothing to learn when nothing could pay
+    assert planner.steps == {PLAIN: 50, SPECULATE: 0, PROBE: 0}
+
+
+def test_cheap_small_batches_allow_only_tiny_trees():
+    # A CPU where 2–3 tokens cost little more than one (the rest linear): at most a couple of nodes.
+    costs = CostModel.from_functions(
+        lambda n: C1 * (1 + 0.15 * (n - 1) if n <= 3 else n - 1.7), lambda n: 0.004 * n
+    )
+    planner = AutoPlanner(costs=costs)
+    drafter = confident(q=0.95)
+    sizes = [planner.plan(7, drafter, ctx()).size for _ in range(10)]
+    assert max(sizes) <= 3
+
+
+def test_memory_bound_builds_trees_that_stop_before_the_jump():
+    planner = AutoPlanner(costs=memory_bound(jump=2.5))
+    sizes = []
+    for _ in range(10):
+        drafter = confident(q=0.8)
+        tree = planner.plan(7, drafter, ctx())
+        check_tree(tree, drafter)
+        sizes.append(tree.size)
+    assert min(sizes) >= 5  # it speculates, with real trees
+    assert max(sizes) <= 8  # never 9–16 nodes: verifying them would cost 2.5 decodes
+
+
+def test_memory_bound_crosses_the_jump_when_the_expected_length_pays():
+    # A small jump and a draft that is almost always right: a long chain pays for the 9th+ token.
+    planner = AutoPlanner(costs=memory_bound(jump=1.05, draft=0.0005))
+    drafter = confident(q=0.99)
+    tree = planner.plan(7, drafter, ctx())
+    check_tree(tree, drafter)
+    assert tree.size > 9
+
+
+def test_best_size_respects_a_jump_unless_the_pool_pays():
+    costs = memory_bound(jump=2.5)
+    pool = np.full(20, 0.5)  # many candidates, each worth half a token
+    choice = best_size(0.0, 0, pool, 0.002, 1.0, costs, cap=32)
+    assert choice.m == 7  # tree size 8: the last one before the jump
+    rich = np.full(20, 0.99)
+    assert best_size(0.0, 0, rich, 0.002, 1.0, memory_bound(jump=1.2), cap=32).m > 8
+
+
+def test_poor_acceptance_turns_auto_off_then_probes_within_budget():
+    costs = memory_bound(jump=2.5, draft=0.004)
+    planner = AutoPlanner(costs=costs, probe_budget=0.02)
+    drafter = confident(q=0.9)
+    lost, total, modes = 0.0, 0.0, []
+    plain_step = float(costs.t(1))
+    for _ in range(3000):
+        tree = planner.plan(7, drafter, ctx())
+        modes.append(planner._mode)
+        drafted = tree.size - 1
+        seconds = plain_step if drafted == 0 else 0.004 * tree.stats.draft_decodes + float(costs.t(tree.size))
+        event = StepEvent(
+            tokens=(EmittedToken(1, Provenance.TARGET, 1.0),),  # every draft token rejected: one token
+            text="",
+            drafted=drafted,
+            accepted=0,
+            timings=StepTimings(verify=seconds),
+            tree=tree,
+            verified_nodes=tree.size,
+            draft_decodes=tree.stats.draft_decodes,
+            expected_accept=tree.stats.expected_accept,
+        )
+        planner.observe(event)
+        total += seconds
+        lost += seconds - plain_step
+    assert planner.ratio < 0.2  # it learned that the draft is wrong
+    assert modes[0] == SPECULATE  # a good-looking draft is tried first
+    tail = modes[200:]
+    assert tail.count(PLAIN) > 0.95 * len(tail)
+    assert tail.count(PROBE) > 0  # but it keeps checking
+    assert lost / total < 0.02 + 0.01  # what probes and the first tries cost stays near the budget
+
+
+def test_no_cost_profile_means_plain_decoding():
+    planner = make_planner("auto", {"budget": "8", "probe-budget": "0.05"})
+    assert (planner.budget, planner.probe_budget) == (8, 0.05)
+    assert "plain" in planner.describe()
+    drafter = confident()
+    assert planner.plan(3, drafter, ctx()).size == 1 and drafter.decodes == 0
+    assert "probe_budget" in PARAM_NAMES
+
+
+@pytest.mark.parametrize("sampling", [False, True])
+@pytest.mark.parametrize("budget,max_nodes", [(32, 65), (5, 65), (32, 6)])
+def test_trees_are_valid_and_within_caps(sampling, budget, max_nodes):
+    planner = AutoPlanner(budget=budget, costs=memory_bound(jump=1.05, draft=0.0005), max_depth=4)
+    drafter = SyntheticDrafter.random(vocab=40, top_k=8, seed=budget, sharpness=4.0)
+    tree = planner.plan(7, drafter, ctx(sampling, max_nodes))
+    check_tree(tree, drafter)
+    assert 1 < tree.size <= min(budget + 1, max_nodes)
+    assert tree.depth.max() <= 4
+
+
+def test_simulated_forecast_grows_with_the_draft_quality():
+    costs = memory_bound()
+    weak = simulate(float(costs.k(1)), 1.0, costs, 32, np.array([0.3, 0.2, 0.1, 0.05]), 10)
+    strong = simulate(float(costs.k(1)), 1.0, costs, 32, np.array([0.9, 0.05, 0.02, 0.01]), 10)
+    assert strong.rate > weak.rate and strong.expected > weak.expected
+    assert strong.m <= 7 and weak.m <= 7
+
+
+def test_pending_catch_up_counts_against_speculating():
+    # The draft must first decode many tokens it skipped (compute-bound draft, cheap target batches).
+    costs = CostModel.from_functions(
+        lambda n: 0.010 if n <= 8 else 0.03, lambda n: 0.0015, lambda n: 0.004 * n
+    )
+    planner = AutoPlanner(costs=costs)
+    assert planner.decide(pending=1, cap=32) == SPECULATE
+    assert planner.decide(pending=200, cap=32) == PLAIN
+
+
+# -- on the fake engine ---------------------------------------------------------------------------------
+PROMPT = [5, 17, 3, 29, 8, 40, 12]
+
+
+GREEDY = SamplingParams()
+
+
+def _tokens(pair, planner, n=40, sampling=GREEDY):
+    events = list(generate(pair, planner, Request(prompt=PROMPT, max_tokens=n, sampling=sampling)))
+    return [t.id for e in events for t in e.tokens], events
+
+
+def test_auto_on_the_engine_equals_plain_decoding_and_learns():
+    plain, _ = _tokens(FakePair(), None)
+    planner = AutoPlanner(costs=memory_bound(jump=2.5, draft=0.001))
+    pair = FakePair(n_seq=33)
+    tokens, events = _tokens(pair, planner)
+    assert tokens == plain
+    assert sum(planner.steps.values()) == len(events)
+    assert planner.steps[SPECULATE] > 0 and any(e.accepted for e in events)
+    assert planner.predicted != planner.accepted  # observe() saw the steps
+
+
+def test_auto_on_a_cpu_profile_never_touches_the_draft():
+    plain, _ = _tokens(FakePair(), None)
+    pair = FakePair()
+    decodes_before = pair.draft.ctx.decodes
+    tokens, events = _tokens(pair, AutoPlanner(costs=CPU))
+    assert tokens == plain
+    assert all(e.drafted == 0 and e.draft_decodes == 0 for e in events)
+    assert pair.draft.ctx.decodes == decodes_before + 1  # the prompt (in generate), then nothing
+    assert len(pair.draft.pending) == len(plain) + 1  # the draft would catch up in one batch later
+
+
+def test_auto_samples_on_the_engine():
+    pair = FakePair(n_seq=33)
+    planner = AutoPlanner(costs=memory_bound(jump=2.5, draft=0.001))
+    tokens, events = _tokens(pair, planner, 30, SamplingParams(temperature=0.8, seed=5))
+    assert len(tokens) == 30 and planner.steps[SPECULATE] > 0

@@ -1,0 +1,261 @@
+"""`edgespec bench` on the fake engine: interleaving, paired ratios, JSON, plot, --compare, prompt sets.
+
+One real-model run of the command (marked ``model``) at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+from fake_llama import FakePair
+from rich.console import Console
+
+from edgespec.bench import BenchConfig, Variant, report, run_bench, schedule, summarise
+from edgespec.bench.runner import PLAIN, PromptResult, Run
+from edgespec.commands import bench as bench_command
+from edgespec.errors import EdgespecError
+from edgespec.events import GenerationStats
+from edgespec.planner.auto import AutoPlanner, CostModel
+from edgespec.planner.chain import ChainPlanner
+from edgespec.planner.registry import make_planner
+from edgespec.prompts import (
+    PROMPT_SETS,
+    QUICK_PROMPTS,
+    PromptCase,
+    load_jsonl,
+    load_prompts,
+    prompt_set,
+)
+
+CPU = CostModel.from_functions(lambda n: 0.057 * n, lambda n: 0.029 * n)
+CASES = [
+    PromptCase("t/one", "code", (("user", "a"),)),
+    PromptCase("t/two", "chat", (("user", "b"), ("assistant", "c"), ("user", "d"))),
+]
+TOKENS = {"t/one": [5, 17, 3, 29, 8, 40, 12], "t/two": [9, 2, 33, 14, 6]}
+
+
+def _variants():
+    return [
+        Variant("chain:2", "chain", 2, ChainPlanner(gamma=2)),
+        Variant("tsd:8", "tsd", 8, make_planner("tsd", {"budget": 8})),
+        Variant("auto", "auto", 48, AutoPlanner(costs=CPU)),
+    ]
+
+
+@pytest.fixture(scope="module")
+def fake_bench():
+    calls = []
+    result = run_bench(
+        FakePair(n_seq=33),
+        CASES,
+        _variants(),
+        BenchConfig(max_tokens=24, warmup_tokens=3),
+        progress=lambda what, done, total: calls.append((what, done, total)),
+        tokenize=lambda case: TOKENS[case.name],
+    )
+    return result, calls
+
+
+def _doc(summary, **settings):
+    return report.document(
+        summary,
+        pair={"name": "fake", "target": {"sha256": "aa"}, "draft": {"sha256": "bb"}},
+        settings={"max_tokens": 24, "temperature": 0.0, "prompts": "test", **settings},
+        hardware={"cpu": "test cpu", "gpus": [], "threads": 2},
+        cost_profile=None,
+    )
+
+
+def test_schedule_puts_every_strategy_between_two_plain_runs():
+    assert schedule(["a", "b", "c"]) == [PLAIN, "a", PLAIN, "b", PLAIN, "c", PLAIN]
+
+
+def test_runs_are_interleaved_per_prompt_and_match_plain(fake_bench):
+    result, calls = fake_bench
+    assert [pr.case.name for pr in result.prompts] == ["t/one", "t/two"]
+    for pr in result.prompts:
+        assert [r.variant for r in pr.runs] == schedule(["chain:2", "tsd:8", "auto"])
+        plain = pr.plain_runs()[0].tokens
+        assert len(plain) == 24
+        assert all(r.tokens == plain for r in pr.runs)  # greedy: every strategy reproduces plain decoding
+    assert calls[-1][1] == calls[-1][2] == 2 * 7 + 1  # progress reached its total (runs + warm-up)
+
+
+def test_summary_has_one_entry_per_strategy_with_paired_ratios(fake_bench):
+    result, _ = fake_bench
+    summary = summarise(result)
+    entries = {e["key"]: e for e in summary["results"]}
+    assert list(entries) == ["chain:2", "tsd:8", "auto"]
+    for e in entries.values():
+        assert len(e["paired_ratios"]) == 2 and e["speedup"] > 0
+        assert e["identical_to_plain"] == 1.0
+        assert sum(e["time_split"].values()) == pytest.approx(1.0)
+    assert entries["chain:2"]["mal"] > 1.0 and entries["chain:2"]["acceptance_rate"] > 0
+    assert entries["chain:2"]["verified_per_step"] == pytest.approx(3.0)
+    auto = entries["auto"]
+    assert auto["mal"] == 1.0 and auto["plain_step_share"] == 1.0 and auto["draft_decodes_per_step"] == 0
+    assert summary["baseline"]["mal"] == 1.0 and summary["baseline"]["runs"] == 8
+    assert [p["order"] for p in summary["per_prompt"]][0][:3] == [PLAIN, "chain:2", PLAIN]
+
+
+def _run(variant: str, n: int, seconds: float) -> Run:
+    return Run(variant, "p", tuple(range(n)), seconds, GenerationStats(tokens=n, target_calls=n), 0)
+
+
+def test_paired_ratio_uses_the_plain_runs_just_before_and_after():
+    pr = PromptResult(CASES[0], 7, 0.1, 0.05)
+    # plain 10 tok/s, S 12 tok/s, plain 8 tok/s (the machine slowed down), T 9 tok/s, plain 9 tok/s
+    pr.runs = [
+        _run(PLAIN, 10, 1.0),
+        _run("S", 12, 1.0),
+        _run(PLAIN, 8, 1.0),
+        _run("T", 9, 1.0),
+        _run(PLAIN, 9, 1.0),
+    ]
+    assert pr.ratio("S") == pytest.approx(12 / 9)  # pooled over 10 and 8 tokens in 2 s
+    assert pr.ratio("T") == pytest.approx(9 / 8.5)
+    assert pr.ratio("missing") is None
+
+
+def test_json_round_trip_and_schema(fake_bench, tmp_path):
+    result, _ = fake_bench
+    doc = _doc(summarise(result))
+    path = tmp_path / "bench.json"
+    report.write_json(doc, path)
+    back = report.read_json(path)
+    assert back["schema"] == report.SCHEMA
+    assert {"hardware", "software", "pair", "settings", "baseline", "results", "per_prompt"} <= set(back)
+    assert back["software"]["llama_cpp_python"]
+    for entry in back["results"]:
+        for field in (
+            "strategy",
+            "budget",
+            "speedup",
+            "speedup_spread",
+            "tokens_per_second",
+            "mal",
+            "acceptance_rate",
+            "verified_per_step",
+            "draft_decodes_per_step",
+            "time_split",
+            "efficiency",
+        ):
+            assert field in entry, field
+    (tmp_path / "other.json").write_text(json.dumps({"schema": "nope"}))
+    with pytest.raises(EdgespecError, match="not an `edgespec bench --json` file"):
+        report.read_json(tmp_path / "other.json")
+
+
+def test_plot_writes_a_png(fake_bench, tmp_path):
+    result, _ = fake_bench
+    path = tmp_path / "bench.png"
+    report.plot(_doc(summarise(result)), path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+
+
+def test_report_shows_the_table_and_auto_ratio(fake_bench):
+    result, _ = fake_bench
+    console = Console(record=True, width=200)
+    report.print_report(_doc(summarise(result)), console)
+    text = console.export_text()
+    assert "chain:2" in text and "tsd:8" in text and "plain" in text
+    assert "auto vs plain: paired tokens/s ratio median" in text
+
+
+def test_compare_prints_the_differences(fake_bench, tmp_path, capsys):
+    result, _ = fake_bench
+    a = _doc(summarise(result))
+    b = json.loads(json.dumps(a))
+    b["results"][0]["speedup"] = a["results"][0]["speedup"] + 0.25
+    b["results"][0]["mal"] = a["results"][0]["mal"] - 0.5
+    b["hardware"]["cpu"] = "another cpu"
+    b["results"] = b["results"][:2] + [{**b["results"][2], "key": "auto:8"}]
+    pa, pb = tmp_path / "a.json", tmp_path / "b.json"
+    report.write_json(a, pa)
+    report.write_json(b, pb)
+    parser = argparse.ArgumentParser()
+    bench_command.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["bench", "--compare", str(pa), str(pb)])
+    assert args.run(args) == 0
+    out = capsys.readouterr().out
+    assert "+0.25" in out and "-0.50" in out
+    assert "hardware.cpu: test cpu → another cpu" in out
+    assert "auto:8" in out and "auto" in out  # unmatched rows are shown with a dash on the other side
+
+
+def test_parse_variants():
+    parse = bench_command.parse_variants
+    assert parse("chain,tsd:8,auto", None) == [("chain", None), ("tsd", 8), ("auto", None)]
+    assert parse("chain,dyspec", "4,16") == [("chain", 4), ("chain", 16), ("dyspec", 4), ("dyspec", 16)]
+    assert parse("plain,chain:3", None) == [("chain", 3)]
+    with pytest.raises(EdgespecError, match="unknown strategy 'beam'"):
+        parse("beam", None)
+    with pytest.raises(EdgespecError, match="twice"):
+        parse("chain:4,chain:4", None)
+
+
+# -- prompts --------------------------------------------------------------------------------------------
+def test_builtin_prompt_sets():
+    assert set(PROMPT_SETS) == {"code", "chat", "math", "summarisation", "translation"}
+    assert all(len(cases) >= 4 for cases in PROMPT_SETS.values())
+    assert all(len(c.messages) >= 3 for c in PROMPT_SETS["chat"])  # multi-turn
+    assert 4 <= len(QUICK_PROMPTS) <= 6 and {c.category for c in QUICK_PROMPTS} == set(PROMPT_SETS)
+    everything = prompt_set("all")
+    assert len({c.name for c in everything}) == len(everything) == sum(map(len, PROMPT_SETS.values()))
+    assert prompt_set("math,code")[0].category == "math"
+    with pytest.raises(EdgespecError, match="unknown prompt set"):
+        prompt_set("poetry")
+
+
+def test_jsonl_prompts(tmp_path):
+    path = tmp_path / "mine.jsonl"
+    path.write_text(
+        '{"prompt": "hello"}\n\n'
+        '{"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}], '
+        '"name": "greet", "category": "chat"}\n'
+    )
+    cases = load_prompts(str(path))
+    assert [c.name for c in cases] == ["mine/1", "greet"]
+    assert cases[0].messages == (("user", "hello"),) and cases[1].messages[0] == ("system", "be brief")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{"text": "no"}\n')
+    with pytest.raises(EdgespecError, match=r"bad.jsonl, line 2: no 'prompt' or 'messages'"):
+        load_jsonl(bad)
+    bad.write_text("not json\n")
+    with pytest.raises(EdgespecError, match="line 1: not JSON"):
+        load_jsonl(bad)
+
+
+# -- the real command -----------------------------------------------------------------------------------
+@pytest.mark.model
+def test_bench_command_on_the_bundled_pair(tmp_path, monkeypatch, capsys):
+    from realmodels import BUNDLED_PAIR, bundled_paths
+
+    from edgespec import costs
+
+    bundled_paths()  # skips without the models
+    monkeypatch.setattr(costs, "home_dir", lambda: tmp_path)  # a fresh, small cost profile
+    monkeypatch.setattr(costs, "QUICK_SIZES", (1, 2, 4))
+    monkeypatch.setattr(costs, "QUICK_CATCHUP_SIZES", (1, 4))
+    prompts = tmp_path / "one.jsonl"
+    prompts.write_text('{"prompt": "Write a Python function that adds two numbers."}\n')
+    out_json, out_png = tmp_path / "b.json", tmp_path / "b.png"
+    parser = argparse.ArgumentParser()
+    bench_command.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(
+        ["bench", "--pair", BUNDLED_PAIR, "--prompts", str(prompts), "--strategies", "chain:3,auto"]
+        + ["--max-tokens", "8", "--warmup-tokens", "2", "--ctx", "1024", "--max-tree-nodes", "8"]
+        + ["--json", str(out_json), "--plot", str(out_png)]
+    )
+    assert args.run(args) == 0
+    out = capsys.readouterr().out
+    assert "auto vs plain: paired tokens/s ratio" in out
+    doc = report.read_json(out_json)
+    entries = {e["key"]: e for e in doc["results"]}
+    assert set(entries) == {"chain:3", "auto"}
+    assert entries["chain:3"]["tokens"] == 8 and entries["chain:3"]["mal"] >= 1.0
+    assert doc["pair"]["target"]["sha256"] and doc["cost_profile"]["target"]
+    assert out_png.stat().st_size > 5000

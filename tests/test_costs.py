@@ -1,0 +1,104 @@
+"""The cost profile: measured through the engine on the fake context, interpolated, cached by key."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from fake_llama import FakePair
+
+from edgespec import costs
+from edgespec.costs import CostProfile
+
+
+@pytest.fixture(scope="module")
+def measured() -> tuple[FakePair, CostProfile]:
+    pair = FakePair(n_seq=17)
+    steps = []
+    profile = costs.measure(
+        pair, sizes=(1, 2, 4, 8), catchup_sizes=(1, 4), repeats=2, progress=lambda *a: steps.append(a)
+    )
+    assert steps[-1][1] == steps[-1][2]
+    return pair, profile
+
+
+def test_measure_covers_every_curve_and_size(measured):
+    _, profile = measured
+    assert set(profile.target) == set(profile.draft) == {1, 2, 4, 8}
+    assert set(profile.catchup) == {1, 4}
+    assert all(s > 0 for curve in (profile.target, profile.draft, profile.catchup) for s in curve.values())
+    assert profile.repeats == 2 and profile.created
+    lo, hi = profile.spread["target"][8]
+    assert lo <= profile.target[8] <= hi
+
+
+def test_measure_leaves_the_caches_committed(measured):
+    pair, _ = measured
+    for runner in (pair.target, pair.draft):
+        view = runner.ctx.committed_view()
+        assert [pos for pos, _, _ in view] == list(range(len(runner.committed)))
+        assert [tok for _, tok, _ in view] == runner.committed
+        assert all(seqs == frozenset(runner.all_seqs) for _, _, seqs in view)
+    assert len(pair.target.committed) == costs.CONTEXT_TOKENS - 1
+
+
+def test_model_interpolates_and_extrapolates():
+    profile = CostProfile(target={1: 1.0, 4: 4.0, 8: 6.0}, draft={1: 0.5, 8: 0.5}, catchup={1: 0.2, 4: 0.8})
+    model = profile.model(n_max=12)
+    assert model.target.shape == (12,)
+    assert model.t(2) == pytest.approx(2.0) and model.t(6) == pytest.approx(5.0)
+    assert model.t(10) == pytest.approx(7.0)  # past the last size: the last segment's slope (0.5 / token)
+    assert model.t(40) == pytest.approx(6.0 + 0.5 * 32)  # past the table too
+    assert model.d(5) == pytest.approx(0.5) and model.k(2) == pytest.approx(0.4)
+    assert np.all(np.diff(model.target) >= 0)
+
+
+def test_profile_rows_and_json_round_trip(measured):
+    _, profile = measured
+    rows = profile.rows()
+    assert [r["n"] for r in rows] == [1, 2, 4, 8]
+    assert rows[0]["target_rel"] == 1.0 and rows[1]["catchup"] is None
+    back = CostProfile.from_dict(json.loads(json.dumps(profile.as_dict())))
+    assert back == profile
+
+
+def test_cache_is_keyed_and_reused(measured, tmp_path, monkeypatch):
+    pair, profile = measured
+    assert costs.load_cached(pair, tmp_path) is None
+    path = costs.save(profile, tmp_path)
+    assert path.parent == tmp_path / "profiles" and path.name.startswith("costs-")
+    monkeypatch.setattr(costs, "measure", lambda *a, **k: pytest.fail("measured although cached"))
+    assert costs.load_or_measure(pair, home=tmp_path) == profile
+    # Another thread count is another profile.
+    pair.settings = type("S", (), {"threads": 7, "target_gpu_layers": 0, "draft_gpu_layers": 0})()
+    try:
+        assert costs.profile_key(pair)["threads"] == 7
+        assert costs.load_cached(pair, tmp_path) is None
+    finally:
+        del pair.settings
+
+
+def test_attach_gives_auto_its_curves(measured, tmp_path):
+    from edgespec.planner.auto import AutoPlanner
+    from edgespec.planner.chain import ChainPlanner
+
+    pair, profile = measured
+    costs.save(profile, tmp_path)
+    planner = AutoPlanner()
+    costs.attach(planner, pair, home=tmp_path)
+    assert planner.costs is not None and planner.costs.target.shape == (pair.max_nodes - 1,)
+    costs.attach(ChainPlanner(), pair, home=tmp_path)  # planners without use_costs are left alone
+
+
+def test_model_identity_reads_the_store_record(tmp_path):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + b"\0" * 60)
+    assert costs.model_identity(str(model))["sha256"] is None
+    stat = model.stat()
+    record = {"sha256": "ab" * 32, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    (tmp_path / "m.gguf.verified.json").write_text(json.dumps(record))
+    assert costs.model_identity(str(model))["sha256"] == "ab" * 32
+    record["size"] += 1  # a stale record (the file changed since it was hashed) is ignored
+    (tmp_path / "m.gguf.verified.json").write_text(json.dumps(record))
+    assert costs.model_identity(str(model))["sha256"] is None
