@@ -61,10 +61,11 @@ class CostProfile:
     spread: dict = field(default_factory=dict)  # curve → {n: (min, max)} of the repeats
 
     def model(self, n_max: int = 64) -> CostModel:
+        """Curves for n = 1…n_max, made non-decreasing (more tokens never cost less: a dip is noise)."""
         return CostModel(
-            target=_interpolate(self.target, n_max),
-            draft=_interpolate(self.draft, n_max),
-            catchup=_interpolate(self.catchup, n_max),
+            target=np.maximum.accumulate(_interpolate(self.target, n_max)),
+            draft=np.maximum.accumulate(_interpolate(self.draft, n_max)),
+            catchup=np.maximum.accumulate(_interpolate(self.catchup, n_max)),
         )
 
     def rows(self) -> list[dict]:
@@ -339,7 +340,12 @@ def measure(
     repeats: int = 3,
     progress: Progress | None = None,
 ) -> CostProfile:
-    """Measure the three curves (needs a draft). Leaves both caches holding the measurement context."""
+    """Measure the three curves (needs a draft). Leaves both caches holding the measurement context.
+
+    Every sample of size n is taken right after a sample of size 1 of the same curve, and the curve
+    is c(1) × median of the ratios c(n)/c(1): a machine that slows down or speeds up while measuring
+    (other processes) shifts both samples of a pair alike, so the shape survives background load.
+    """
     if pair.draft is None:
         raise ValueError("a cost profile needs the draft model too")
     limit = min(pair.max_nodes - 1, pair.target.ctx.settings.n_batch)
@@ -352,29 +358,36 @@ def measure(
         + [("catchup", n) for n in catchup_sizes]
     )
     timers = {"target": _time_target, "draft": _time_draft_level, "catchup": _time_catchup}
+    ones: dict[str, list[float]] = {curve: [] for curve in timers}
+    ratios: dict[str, dict[int, list[float]]] = {curve: {} for curve in timers}
     samples: dict[str, dict[int, list[float]]] = {curve: {} for curve in timers}
-    total = len(plan) * (repeats + 1)
+    warmup = [(curve, n) for curve, n in plan if n <= 8]
+    total = len(warmup) + len(plan) * repeats
     done = 0
     pair.target.sync(base[:-1])
     pair.draft.sync(base)
-    for rep in range(repeats + 1):  # repeat 0 warms up (caches, repacked weights) and is dropped
-        for curve, n in plan if rep % 2 else plan[::-1]:
-            seconds = timers[curve](pair, base, n)
+    for rep in range(repeats + 1):  # pass 0 warms up (caches, repacked weights) and is dropped
+        for curve, n in warmup if rep == 0 else plan if rep % 2 else plan[::-1]:
+            one = timers[curve](pair, base, 1)
+            seconds = one if n == 1 else timers[curve](pair, base, n)
             if rep:
+                ones[curve].append(one)
+                ratios[curve].setdefault(n, []).append(seconds / one)
                 samples[curve].setdefault(n, []).append(seconds)
             done += 1
             if progress is not None:
-                progress(f"cost profile: {curve} n={n}", done, total)
+                progress(f"{curve} n={n}", done, total)
     pair.target.sync(base[:-1])
     pair.draft.sync(base)
 
-    def medians(curve: str) -> dict[int, float]:
-        return {n: median(v) for n, v in sorted(samples[curve].items())}
+    def curve_of(curve: str) -> dict[int, float]:
+        one = median(ones[curve])
+        return {n: one * median(r) for n, r in sorted(ratios[curve].items())}
 
     return CostProfile(
-        target=medians("target"),
-        draft=medians("draft"),
-        catchup=medians("catchup"),
+        target=curve_of("target"),
+        draft=curve_of("draft"),
+        catchup=curve_of("catchup"),
         key=profile_key(pair),
         repeats=repeats,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -276,17 +276,19 @@ def plot(doc: dict, path: str | Path) -> None:
     mal = [r["mal"] for r in results]
     x = range(len(keys))
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(8, 1.4 * len(keys) + 4), 4.5))
-    colors = ["tab:green" if s >= 1.0 else "tab:red" for s in speedup]
+    # green: faster than plain decoding; grey: within the 2 % auto is held to; red: slower
+    colors = ["tab:green" if v > 1.0 else "tab:gray" if v >= AUTO_FLOOR else "tab:red" for v in speedup]
     ax1.bar(x, speedup, yerr=[low, high], capsize=4, color=colors, alpha=0.8)
     ax1.axhline(1.0, color="black", linewidth=1, linestyle="--", label="plain decoding")
     ax1.set_xticks(list(x), keys, rotation=30, ha="right")
     ax1.set_ylabel("speedup vs plain (median paired ratio)")
     ax1.set_title("tokens/s ÷ plain (whiskers: min–max over prompts)")
-    ax1.legend(loc="upper right")
-    for i, s in enumerate(speedup):
+    ax1.set_ylim(0, max([1.15, *(s + h + 0.1 for s, h in zip(speedup, high))]))
+    ax1.legend(loc="upper left", fontsize=8)
+    for i, (v, h) in enumerate(zip(speedup, high)):
         ax1.annotate(
-            f"{s:.2f}×",
-            (i, s),
+            f"{v:.2f}×",
+            (i, v + h),
             ha="center",
             va="bottom",
             fontsize=8,
@@ -309,8 +311,9 @@ def plot(doc: dict, path: str | Path) -> None:
             textcoords="offset points",
         )
     hw = doc.get("hardware", {})
+    threads = hw.get("threads", "?")
     fig.suptitle(
-        f"{doc['pair'].get('name', '')} — {hw.get('cpu', '')}, {hw.get('threads', '?')} threads"
+        f"{doc['pair'].get('name', '')} — {hw.get('cpu', '')}, {threads} thread{'' if threads == 1 else 's'}"
         + (f", GPU {', '.join(hw['gpus'])}" if hw.get("gpus") else "")
         + f" — {doc['settings'].get('max_tokens')} tokens, T={doc['settings'].get('temperature')}",
         fontsize=10,

@@ -41,7 +41,7 @@ def register(sub) -> None:
     p.add_argument(
         "--quick",
         action="store_true",
-        help=f"6 short prompts, {QUICK_MAX_TOKENS} tokens, strategies {QUICK_STRATEGIES}",
+        help=f"5 short prompts (one per set), {QUICK_MAX_TOKENS} tokens, strategies {QUICK_STRATEGIES}",
     )
     p.add_argument("--max-tokens", type=int, help=f"tokens per answer (default {DEFAULT_MAX_TOKENS})")
     p.add_argument("--warmup-tokens", type=int, default=8, help="tokens per variant in the warm-up")

@@ -45,6 +45,9 @@ CHILDREN_KEPT = 8  # candidates per expanded node that may enter the tree
 PROFILE_LEN = 4  # children predicted per expanded node in forecasts
 PRIOR_PROFILE = np.array([0.6, 0.12, 0.05, 0.03])  # a typical draft's top-j probabilities
 PRIOR_WEIGHT = 4.0  # the priors count as this many observed nodes / predicted tokens
+CHAIN_LOOKAHEAD = 12  # levels a chain is followed ahead when deciding to deepen by one node
+PROFILE_MEMORY = 8.0  # the running profile weighs as this many nodes against a step's new ones
+PROBE_PROFILE = np.array([0.9, 0.05, 0.02, 0.01])  # what a probe hopes the draft to be (at least)
 STEP_PRIOR = 2.0  # within a step, the running profile counts as this many of the step's own nodes
 DECAY = 0.97  # per observed speculative step: older steps fade
 HORIZON = 8  # the draft's catch-up after plain steps is spread over this many speculative steps
@@ -79,27 +82,45 @@ class CostModel:
             overhead,
         )
 
-    @staticmethod
-    def _at(curve: np.ndarray, n: np.ndarray | int) -> np.ndarray | float:
-        n = np.asarray(n)
-        size = curve.shape[0]
-        slope = max(curve[-1] - curve[-2], 0.0) if size >= 2 else curve[-1]
-        inside = curve[np.clip(n, 1, size) - 1]
-        out = np.where(n > size, curve[-1] + slope * (n - size), inside)
-        out = np.where(n <= 0, 0.0, out)
-        return float(out) if out.ndim == 0 else out
+    def __post_init__(self) -> None:
+        # Dense tables for n = 0…DENSE (index n; 0 costs nothing): the planner's hot path indexes them.
+        for name in ("target", "draft", "catchup"):
+            object.__setattr__(self, f"_{name}", _dense(getattr(self, name)))
 
     def t(self, n):
         """Target verify of n tokens (vectorised over n)."""
-        return self._at(self.target, n)
+        return _lookup(self._target, self.target, n)
 
     def d(self, n):
         """One draft level of n nodes."""
-        return self._at(self.draft, n)
+        return _lookup(self._draft, self.draft, n)
 
     def k(self, n):
         """Draft catch-up on n committed tokens."""
-        return self._at(self.catchup, n)
+        return _lookup(self._catchup, self.catchup, n)
+
+
+DENSE = 258  # tabulated sizes: beyond the largest tree (255 leaves + root) a context allows
+
+
+def _extrapolate(curve: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """Seconds for sizes n ≥ 0: the curve, then its last segment's slope past its end."""
+    size = curve.shape[0]
+    slope = max(curve[-1] - curve[-2], 0.0) if size >= 2 else curve[-1]
+    inside = curve[np.clip(n, 1, size) - 1]
+    out = np.where(n > size, curve[-1] + slope * (n - size), inside)
+    return np.where(n <= 0, 0.0, out)
+
+
+def _dense(curve: np.ndarray) -> np.ndarray:
+    return _extrapolate(curve, np.arange(DENSE + 1))
+
+
+def _lookup(table: np.ndarray, curve: np.ndarray, n):
+    if isinstance(n, (int, np.integer)):
+        return float(table[n]) if 0 <= n <= DENSE else float(_extrapolate(curve, np.asarray(n)))
+    n = np.asarray(n)
+    return table[n] if n.size and n.min() >= 0 and n.max() <= DENSE else _extrapolate(curve, n)
 
 
 @dataclass(frozen=True)
@@ -122,13 +143,14 @@ def best_size(
     """The best final tree: the ``forced_n`` nodes already in it (Σ p̂ = ``forced_e``) plus the m −
     forced_n best candidates of ``pool`` (p̂, sorted descending), m ≤ cap, after ``spent`` seconds of
     drafting. Rate = (1 + r·E) / (spent + c_t(m + 1) + overhead)."""
-    extra = np.concatenate(([0.0], np.cumsum(pool[: max(cap - forced_n, 0)])))
-    m = forced_n + np.arange(extra.shape[0])
-    e = forced_e + extra
-    seconds = spent + costs.t(m + 1) + costs.overhead
+    extra = np.cumsum(pool[: max(cap - forced_n, 0)])
+    e = np.empty(extra.shape[0] + 1)
+    e[0] = forced_e
+    e[1:] = forced_e + extra
+    seconds = spent + costs.overhead + costs.t(np.arange(forced_n + 1, forced_n + e.shape[0] + 1))
     rates = (1.0 + ratio * e) / seconds
     i = int(np.argmax(rates))  # ties: the smaller tree
-    return _Choice(float(rates[i]), int(m[i]), float(e[i]), float(seconds[i]))
+    return _Choice(float(rates[i]), forced_n + i, float(e[i]), float(seconds[i]))
 
 
 def deepen(
@@ -168,12 +190,45 @@ def deepen(
             costs,
             cap,
         )
+        if w == 1:  # one level at a time cannot see past a jump in c_t: look down a chain too
+            e1 = forced_e + float(pool[chosen].sum())
+            deeper = chain_on(e1, forced_n + 1, new_pool, spent + costs.d(1), ratio, costs, cap, profile[0])
+            if deeper is not None and deeper.rate > go.rate:
+                go = deeper
         if go.rate > best.rate:
             best_w, best = w, go
         elif go.rate < last:
             break  # past the best width (the rate is unimodal in w in practice)
         last = go.rate
     return best_w, best
+
+
+def chain_on(
+    forced_e: float,
+    forced_n: int,
+    pool: np.ndarray,
+    spent: float,
+    ratio: float,
+    costs: CostModel,
+    cap: int,
+    a: float,
+) -> _Choice | None:
+    """The best final tree after drafting L = 1…CHAIN_LOOKAHEAD more levels down the best candidate
+    (its child predicted at p̂ · a each time), the other candidates as they are. Seen one level ahead,
+    a jump in c_t (8 → 9 tokens on CUDA) never pays; seen a few levels ahead, it may."""
+    links = min(CHAIN_LOOKAHEAD, cap - forced_n - 1)
+    if pool.shape[0] == 0 or links < 1:
+        return None
+    chain = float(pool[0]) * a ** np.arange(links + 1)  # the chain's nodes, p̂ each
+    rest = pool[1 : max(cap - forced_n, 1)]
+    L = np.arange(1, links + 1)[:, None]  # (L, 1) levels drafted down the chain
+    k = np.arange(rest.shape[0] + 1)[None, :]  # (1, K) other candidates kept
+    e = forced_e + np.cumsum(chain)[:-1][:, None] + np.concatenate(([0.0], np.cumsum(rest)))[None, :]
+    m = forced_n + L + k  # draft tokens in the final tree (the chain's last child left out)
+    seconds = spent + L * costs.d(1) + costs.t(np.minimum(m + 1, DENSE)) + costs.overhead
+    rates = np.where(m <= cap, (1.0 + ratio * e) / seconds, 0.0)
+    i, j = np.unravel_index(int(np.argmax(rates)), rates.shape)
+    return _Choice(float(rates[i, j]), int(m[i, j]), float(e[i, j]), float(seconds[i, j]))
 
 
 def simulate(
@@ -224,12 +279,35 @@ class AutoPlanner:
     plain_seconds: float | None = field(default=None, repr=False)  # measured plain step time (EMA)
     credit: float = field(default=0.0, repr=False)  # seconds probes may still lose
     steps: dict = field(default_factory=lambda: {PLAIN: 0, SPECULATE: 0, PROBE: 0}, repr=False)
+    # measured ÷ profiled cost of batches (n ≥ 2) and of drafting, relative to plain decoding's
+    # measured ÷ profiled cost: corrects a profile taken on a busy machine, whatever the current load
+    batch_factor: float = field(default=1.0, repr=False)
+    draft_factor: float = field(default=1.0, repr=False)
+    _plain_verify: float | None = field(default=None, repr=False)  # measured plain decode (EMA)
+    _draft_predicted: float = field(default=0.0, repr=False)  # last step's profiled drafting seconds
     _mode: str = field(default=PLAIN, repr=False)
     _forecast: _Choice | None = field(default=None, repr=False)
     _ceiling_ok: bool | None = field(default=None, repr=False)
+    _plain: float = field(default=0.0, repr=False)
+    _eff: CostModel | None = field(default=None, repr=False)  # the profile with the factors applied
+    _eff_factors: tuple[float, float] = field(default=(1.0, 1.0), repr=False)
+
+    def __post_init__(self) -> None:
+        if self.costs is not None:
+            self.use_costs(self.costs)
 
     def use_costs(self, costs: CostModel) -> None:
         self.costs = costs
+        self._plain = float(costs.target[0])  # c_t(1): one plain decode
+        self._apply_factors()
+
+    def _apply_factors(self) -> None:
+        """The curves decisions use: the profile, batches and drafting scaled by the learned factors."""
+        c = self.costs
+        target = c.target.copy()
+        target[1:] *= self.batch_factor
+        self._eff = CostModel(target, c.draft * self.draft_factor, c.catchup * self.draft_factor, c.overhead)
+        self._eff_factors = (self.batch_factor, self.draft_factor)
         self._forecast = None
         self._ceiling_ok = None
 
@@ -248,10 +326,10 @@ class AutoPlanner:
     # -- the decision -----------------------------------------------------------------------------
     def decide(self, pending: int, cap: int) -> str:
         """PLAIN, SPECULATE or PROBE for a step whose draft must first decode ``pending`` tokens."""
-        if self.costs is None or cap < 1:
+        if self.costs is None or cap < 1 or self._ceiling_ok is False:
             return PLAIN
-        costs = self.costs
-        plain_rate = 1.0 / costs.t(1)
+        costs = self._eff
+        plain_rate = 1.0 / self._plain
         if self._ceiling_ok is None:
             self._ceiling_ok = ceiling(costs, cap) > plain_rate * (1 + MARGIN)
         if not self._ceiling_ok:
@@ -268,7 +346,7 @@ class AutoPlanner:
 
     def _probe_loss(self, pending: int) -> float:
         """Worst case of a probe: a whole forecast tree's time for the one token plain decoding gives."""
-        costs = self.costs
+        costs = self._eff
         f = self._forecast
         seconds = f.seconds if f is not None and f.m > 0 else costs.k(1) + costs.t(2) + costs.overhead
         return float(seconds + costs.k(max(pending, 1)) - costs.k(1) - costs.t(1))
@@ -281,11 +359,15 @@ class AutoPlanner:
         self.steps[self._mode] += 1
         if self._mode == PLAIN:
             return TreeBuilder(root_token).freeze()  # no draft work at all; the draft catches up later
-        ratio = max(self.ratio, 1.0) if self._mode == PROBE else self.ratio
-        return self._grow(root_token, drafter, cap, pending, ratio)
+        if self._mode == PROBE:  # optimistic: draft what would pay if the draft were good, and see
+            prior = np.maximum(self.profile, PROBE_PROFILE)
+            return self._grow(root_token, drafter, cap, pending, max(self.ratio, 1.0), prior)
+        return self._grow(root_token, drafter, cap, pending, self.ratio, self.profile)
 
-    def _grow(self, root_token: int, drafter: Drafter, cap: int, pending: int, ratio: float) -> DraftTree:
-        costs = self.costs
+    def _grow(
+        self, root_token: int, drafter: Drafter, cap: int, pending: int, ratio: float, prior: np.ndarray
+    ) -> DraftTree:
+        costs = self._eff
         tree = TreeBuilder(root_token)
         spent = float(costs.k(pending))
         # candidates not (yet) in the tree: parent node, token, q, p̂, depth, rank (for stable ties)
@@ -311,7 +393,7 @@ class AutoPlanner:
             forced_e = float(sum(tree.path_prob[1:]))
             # Children not drafted yet look like this step's distributions so far (the running
             # profile weighs in as STEP_PRIOR nodes): a confident chain is expected to stay confident.
-            profile = (STEP_PRIOR * self.profile + tops) / (STEP_PRIOR + evaluated)
+            profile = (STEP_PRIOR * prior + tops) / (STEP_PRIOR + evaluated)
             w, _ = deepen(forced_e, tree.size - 1, pool, expandable, spent, ratio, costs, cap, profile)
             if w == 0:
                 break
@@ -323,12 +405,27 @@ class AutoPlanner:
         final = best_size(float(sum(tree.path_prob[1:])), tree.size - 1, pool, spent, ratio, costs, cap)
         for c in cand[: final.m - (tree.size - 1)]:
             self._add(tree, c)
+        self._draft_predicted = spent / self.draft_factor
         stats = PlanStats(
             draft_decodes=decodes,
             drafted_nodes=evaluated,
             expected_accept=float(sum(tree.path_prob[1:])),
         )
         return tree.freeze(stats)
+
+    def _learn_costs(self, event) -> None:
+        """Measured ÷ profiled, for the tree's verify and the drafting, over the same for plain decoding."""
+        plain = (self._plain_verify / self._plain) if self._plain_verify else 1.0
+        if event.verified_nodes >= 2 and event.timings.verify > 0:
+            measured = event.timings.verify / float(self.costs.t(event.verified_nodes)) / plain
+            self.batch_factor = float(np.clip(_ema(self.batch_factor, measured, 0.3), 0.25, 8.0))
+        drafting = event.timings.draft + event.timings.plan
+        if self._draft_predicted > 0 and drafting > 0:
+            measured = drafting / self._draft_predicted / plain
+            self.draft_factor = float(np.clip(_ema(self.draft_factor, measured, 0.3), 0.25, 8.0))
+        used_b, used_d = self._eff_factors
+        if abs(self.batch_factor / used_b - 1) > 0.1 or abs(self.draft_factor / used_d - 1) > 0.1:
+            self._apply_factors()
 
     @staticmethod
     def _add(tree: TreeBuilder, cand: tuple[int, int, float, float, int, int]) -> int:
@@ -339,15 +436,15 @@ class AutoPlanner:
     # -- learning ---------------------------------------------------------------------------------
     def observe(self, event) -> None:
         """What the step did (a ``StepEvent``): the decoder calls this after every step."""
+        if self.costs is None or self._ceiling_ok is False:
+            return  # plain decoding for good: nothing to learn
         seconds = event.timings.total
-        if self.costs is not None:
-            self.credit = min(self.credit + self.probe_budget * seconds, 64 * float(self.costs.t(1)))
+        self.credit = min(self.credit + self.probe_budget * seconds, 64 * self._plain)
         if event.drafted == 0 and event.draft_decodes == 0:
-            alpha = 0.2
-            self.plain_seconds = (
-                seconds if self.plain_seconds is None else (1 - alpha) * self.plain_seconds + alpha * seconds
-            )
+            self.plain_seconds = _ema(self.plain_seconds, seconds, 0.2)
+            self._plain_verify = _ema(self._plain_verify, event.timings.verify, 0.2)
             return
+        self._learn_costs(event)
         if event.drafted > 0:
             self.accepted = DECAY * self.accepted + event.accepted
             self.predicted = DECAY * self.predicted + event.expected_accept
@@ -357,9 +454,13 @@ class AutoPlanner:
             for i, dist in enumerate(tree.dists.values()):
                 k = min(PROFILE_LEN, dist.probs.shape[0])
                 tops[i, :k] = dist.probs[:k]
-            weight = len(tree.dists) / (len(tree.dists) + PRIOR_WEIGHT / (1 - DECAY))
+            weight = len(tree.dists) / (len(tree.dists) + PROFILE_MEMORY)
             self.profile = (1 - weight) * self.profile + weight * tops.mean(axis=0)
         if self._mode == PROBE:
-            plain = self.plain_seconds if self.plain_seconds is not None else float(self.costs.t(1))
+            plain = self.plain_seconds if self.plain_seconds is not None else self._plain
             self.credit -= max(seconds - len(event.tokens) * plain, 0.0)
         self._forecast = None  # r or the profile moved
+
+
+def _ema(old: float | None, new: float, alpha: float) -> float:
+    return new if old is None else (1 - alpha) * old + alpha * new
