@@ -63,6 +63,7 @@ class StepEvent:
     graph_success: bool = False  # GSD: the accepted path went through a merged node
     finish_reason: str | None = None  # set on the last event: "stop", "length", "cancelled", "context"
     prefill_seconds: float = 0.0  # first event only: decoding the prompt into both caches
+    committed: int = 0  # tokens the step committed, before cuts at end-of-turn or max tokens
 
 
 @dataclass
@@ -70,6 +71,7 @@ class GenerationStats:
     """Running totals over a generation (the numbers `generate --json` and the status bar show)."""
 
     tokens: int = 0
+    committed: int = 0  # tokens committed by the target decodes (shown ones + end-of-turn/cut ones)
     target_calls: int = 0
     drafted: int = 0
     accepted: int = 0
@@ -83,6 +85,7 @@ class GenerationStats:
 
     def add(self, event: StepEvent) -> None:
         self.tokens += len(event.tokens)
+        self.committed += max(event.committed, len(event.tokens))
         self.target_calls += 1
         self.drafted += event.drafted
         self.accepted += event.accepted
@@ -96,7 +99,7 @@ class GenerationStats:
     @property
     def mean_accepted_length(self) -> float:
         """MAL: tokens committed per target decode (1.0 for plain decoding)."""
-        return self.tokens / self.target_calls if self.target_calls else 0.0
+        return self.committed / self.target_calls if self.target_calls else 0.0
 
     @property
     def acceptance_rate(self) -> float:
@@ -111,6 +114,7 @@ class GenerationStats:
         t = self.timings
         return {
             "tokens": self.tokens,
+            "committed": self.committed,
             "tokens_per_second": self.tokens_per_second,
             "target_calls": self.target_calls,
             "mean_accepted_length": self.mean_accepted_length,

@@ -16,7 +16,14 @@ import sys
 
 import numpy as np
 import pytest
-from realmodels import BUNDLED_PAIR, MAX_TOKENS, bundled_paths, chat_prompt, first_divergence
+from realmodels import (
+    BUNDLED_PAIR,
+    MAX_TOKENS,
+    bundled_paths,
+    chat_prompt,
+    decode_one_by_one,
+    first_divergence,
+)
 from treeplanners import RandomTreePlanner
 
 from edgespec.decoder import Request, generate
@@ -67,6 +74,13 @@ def test_chain_greedy_equals_plain_decoding(pair, plain_runs, batch_noise, gamma
 
 
 def test_tree_batch_logits_match_each_path_decoded_alone(pair, batch_noise):
+    """The tree mask shows each node its ancestors and nothing else: replacing every token that is
+    not an ancestor of a node leaves that node's logits bit-identical (same batch shape and row, so
+    the same kernels), and they equal the node's path decoded as a plain sequence up to batch
+    numerics (same argmax except at near-ties; the difference is reported).
+
+    Comparing with a plain chain batch instead is not exact: on this CPU the matmul path depends on
+    a row's index in the batch (rows 0–3 and the rest take different kernels)."""
     prompt = chat_prompt(pair, ENGINE_PROMPTS[0])
     pair.target.sync(prompt[:-1])
     row = pair.target.decode_root(prompt[-1]).copy()
@@ -78,23 +92,36 @@ def test_tree_batch_logits_match_each_path_decoded_alone(pair, batch_noise):
     a = tree.add(0, first, 1.0)
     b = tree.add(0, second, 1.0)
     c = tree.add(a, 13, 1.0)
-    d = tree.add(a, 271, 1.0)
+    tree.add(a, 271, 1.0)
     tree.add(c, 198, 1.0)
     tree.add(b, 25, 1.0)
     frozen = tree.freeze()
-    assert len(frozen.leaves) == 3 and c != d
+    assert len(frozen.leaves) == 3
     pair.target.sync(prompt[:-1])
     _, rows = pair.target.verify(frozen)
     tree_rows = rows.copy()
+    worst = 0.0
     for node in range(frozen.size):
         path = frozen.path_tokens(node)
-        pair.target.sync(prompt[:-1] + path[:-1])
-        alone = pair.target.decode_root(path[-1])
-        diff = float(np.abs(tree_rows[node] - alone).max())
-        assert diff <= batch_noise + 1e-4, f"node {node}: logits differ by {diff:.4f}"
+        ancestors = set(frozen.path(node))
+        others = TreeBuilder(prompt[-1])  # same shape, every non-ancestor token replaced
+        for i in range(1, frozen.size):
+            token = int(frozen.tokens[i]) if i in ancestors else 1000 + i
+            others.add(int(frozen.parents[i]), token, 1.0)
+        pair.target.sync(prompt[:-1])
+        _, other_rows = pair.target.verify(others.freeze())
+        np.testing.assert_array_equal(
+            tree_rows[node], other_rows[node], err_msg=f"node {node} sees a non-ancestor"
+        )
+        alone = decode_one_by_one(pair, prompt[:-1], path)[-1]
+        worst = max(worst, float(np.abs(tree_rows[node] - alone).max()))
         top2 = np.sort(alone)[-2:]
         if top2[1] - top2[0] > 2 * batch_noise:
             assert int(np.argmax(tree_rows[node])) == int(np.argmax(alone))
+    print(
+        f"\ntree rows vs single-token decoding: max |Δlogit| = {worst:.4f} "
+        f"(chain-batch noise {batch_noise:.4f})"
+    )
 
 
 @pytest.mark.slow
