@@ -1,8 +1,9 @@
 """Plain decoding and the speculative loop: plan → pack → verify → commit.
 
-Each step makes exactly one target decode and yields a ``StepEvent`` with the tokens it committed,
-each marked with its provenance. The loop runs on any object with the ``ModelPair`` shape (the real
-engine, or a small fake in unit tests).
+Each step makes exactly one target decode (two for a planner that ``needs_target_root``: the root
+first, alone) and yields a ``StepEvent`` with the tokens it committed, each marked with its
+provenance. The loop runs on any object with the ``ModelPair`` shape (the real engine, or a small
+fake in unit tests).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 
 from .events import EmittedToken, Provenance, StepEvent, StepTimings
 from .planner.tree import DraftTree, PlanContext, Planner
-from .sampling import SamplingParams, sample, target_probs, top2_margin
+from .sampling import SamplingParams, draft_dists, sample, target_probs, top2_margin
 from .text import Detokenizer, StopStrings
 from .verify import Verdict, verify_greedy, verify_sampling
 
@@ -119,18 +120,23 @@ def speculative_step(
     pair, planner: Planner, root: int, params: SamplingParams, rng: np.random.Generator, max_nodes: int
 ) -> _Step:
     draft, target = pair.draft, pair.target
-    tree, plan_seconds = plan(draft, planner, root, params, rng, max_nodes)
     start = perf_counter()
-    layout, target_rows = target.verify(tree)  # pack + the one target decode
+    # mcsd-target-init: the target decodes the root alone first (committing it); its row is the
+    # distribution the root's children are taken from, and row 0 of the verification below.
+    root_row = target.decode_root(root).copy() if getattr(planner, "needs_target_root", False) else None
+    root_seconds = perf_counter() - start
+    tree, plan_seconds = plan(draft, planner, root, params, rng, max_nodes, root_row)
+    start = perf_counter()
+    layout, target_rows = target.verify(tree, root_row)  # pack + the one target decode
     verified = perf_counter()
     verdict = decide(tree, target_rows, params, rng)
     emitted = provenance(tree, verdict, target_rows)
-    target.commit(tree, layout, verdict.path)
+    target.commit(tree, layout, verdict.path, root_committed=root_row is not None)
     draft.commit(tree, verdict.path, verdict.next_token)
     timings = StepTimings(
         draft=draft.decode_seconds,
         plan=plan_seconds - draft.decode_seconds,
-        verify=verified - start,
+        verify=verified - start + root_seconds,
         bookkeeping=perf_counter() - verified,
     )
     event = StepEvent(
@@ -156,12 +162,20 @@ def speculative_step(
 
 
 def plan(
-    draft, planner: Planner, root: int, params: SamplingParams, rng, max_nodes: int
+    draft, planner: Planner, root: int, params: SamplingParams, rng, max_nodes: int, root_row=None
 ) -> tuple[DraftTree, float]:
-    """Grow this step's draft tree (the draft model decodes level by level inside)."""
+    """Grow this step's draft tree (the draft model decodes level by level inside). ``root_row``: the
+    target's logits after the root, for planners that take the root's children from the target (any
+    q is exact for the verifier as long as the tree records it: the truncated softmax is used)."""
     start = perf_counter()
     draft.begin_step(params.temperature)
-    tree = planner.plan(root, draft, PlanContext(sampling=not params.greedy, rng=rng, max_nodes=max_nodes))
+    ctx = PlanContext(sampling=not params.greedy, rng=rng, max_nodes=max_nodes)
+    if root_row is None:
+        tree = planner.plan(root, draft, ctx)
+    else:
+        temperature = 1.0 if params.greedy else params.temperature
+        root_dist = draft_dists(root_row[None, :], draft.top_k, temperature, draft.vocab_limit)[0]
+        tree = planner.plan(root, draft, ctx, root_dist=root_dist)
     return tree, perf_counter() - start
 
 

@@ -118,6 +118,11 @@ def make_planner(args: argparse.Namespace, resolved: ResolvedPair, strategy: str
     if name == "auto" and resolved.strategy_defaults.get("strategy") != "auto":
         params.pop("budget", None)  # the pair's budget is for its recommended strategy
     params.update(strategies.parameters_from_args(args))
+    if params.get("early_stop") == "model" and not params.get("early_stop_model"):
+        from .tune import decision_model_path  # the pair's model from `edgespec tune`, if trained
+
+        if decision_model_path(resolved.name).is_file():
+            params["early_stop_model"] = str(decision_model_path(resolved.name))
     planner = strategies.make_planner(name, params)
     if pair is not None:
         from .costs import attach

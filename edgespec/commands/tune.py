@@ -1,15 +1,177 @@
-"""`edgespec tune` (not yet available)."""
+"""`edgespec tune`: train MCSD's early-stop decision model for a pair, and optionally compare it."""
 
 from __future__ import annotations
 
+import json
+import math
 import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from .. import options
+from .. import tune as tuning
+from ..errors import EdgespecError
+from ..planner import registry as strategies
+from ..planner.earlystop import DecisionModel
+
+VARIANTS = ("off", "threshold", "model", "target-init")  # plain decoding always runs too
 
 
 def register(sub) -> None:
-    p = sub.add_parser("tune", help="tune (not yet available)")
+    p = sub.add_parser(
+        "tune",
+        help="train MCSD's early-stop decision model on the pair's own drafts",
+        description="Run the pair with MCSD (early stop off) on a prompt set, label every drafted token "
+        "with whether the target accepted it, train the decision model (numpy, fixed seed), report "
+        "held-out accuracy and AUC, and store it where `--early-stop model` finds it: "
+        "<data home>/decision-models/<pair>.npz. With --compare, plain decoding and MCSD variants are "
+        "then timed side by side (interleaved per prompt) on the held-out prompts.",
+    )
+    p.add_argument(
+        "--prompts",
+        default="quick",
+        help="prompt sets (engine, code, chat, math, summarisation, translation, quick, all; "
+        "comma-separated) or a .jsonl file (default: quick)",
+    )
+    p.add_argument("--max-tokens", type=int, default=64, help="answer length per prompt (default 64)")
+    p.add_argument("--strategy", choices=("mcsd", "mcsd-target-init"), default="mcsd", help="default: mcsd")
+    p.add_argument(
+        "--k-config", help="children per node at each depth, e.g. 4,2,2,1 (the strategy's default)"
+    )
+    p.add_argument("--w", type=int, help="mcsd-target-init: the target's candidates at the root")
+    p.add_argument("--budget", type=int, default=0, help="cap on draft tokens per step (0: none)")
+    p.add_argument("--beta", type=float, default=0.4, help="β for the compared early-stop variants")
+    p.add_argument("--held-out", type=float, default=0.2, help="share held out for evaluation (default 0.2)")
+    p.add_argument("--hidden", type=int, default=16, help="hidden units (0: logistic regression)")
+    p.add_argument("--epochs", type=int, default=400, help="full-batch Adam steps (default 400)")
+    p.add_argument("--train-seed", type=int, default=0, help="seed of the split and the initial weights")
+    p.add_argument("--output", help="where to store the model (default: the data home, per pair)")
+    p.add_argument("--no-train", action="store_true", help="skip training: compare with the stored model")
+    p.add_argument("--compare", action="store_true", help="then time plain decoding and MCSD variants")
+    p.add_argument("--compare-prompts", help="prompt set for --compare (default: the held-out prompts)")
+    p.add_argument("--compare-tokens", type=int, help="answer length for --compare (default: --max-tokens)")
+    p.add_argument(
+        "--variants",
+        default="off,threshold,model",
+        help=f"compared MCSD variants (of {','.join(VARIANTS)}), each between two plain runs",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object with the report")
+    options.add_model_args(p)
+    options.add_sampling_args(p)
     p.set_defaults(run=run)
 
 
+def _planner(args, early_stop: str = "off", model_path: Path | None = None, strategy: str | None = None):
+    params = {"k_config": args.k_config, "budget": args.budget, "early_stop": early_stop, "beta": args.beta}
+    if (strategy or args.strategy) == "mcsd-target-init":
+        params["w"] = args.w
+    if model_path is not None:
+        params["early_stop_model"] = str(model_path)
+    return strategies.make_planner(strategy or args.strategy, params)
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    )
+
+
 def run(args) -> int:
-    print("edgespec tune: not yet available", file=sys.stderr)
-    return 2
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise EdgespecError(f"--variants: unknown {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
+    cases = tuning.load_cases(args.prompts)
+    sampling = options.sampling_params(args)
+    console = Console(stderr=True, quiet=args.json)
+    out: dict = {}
+    resolved, pair = options.open_pair(args)
+    path = Path(args.output) if args.output else tuning.decision_model_path(resolved.name)
+    with pair:
+        out["pair"] = resolved.name
+        compare_cases = cases
+        if not args.no_train:
+            planner = _planner(args)
+            with _progress(console) as bar:
+                task = bar.add_task(f"{planner.name} {planner.describe()}", total=len(cases))
+                examples = tuning.collect(
+                    pair, planner, cases, args.max_tokens, sampling, lambda _: bar.advance(task)
+                )
+            model, report = tuning.train(
+                examples, args.held_out, args.train_seed, hidden=args.hidden, epochs=args.epochs
+            )
+            meta = {
+                "pair": resolved.name,
+                "strategy": planner.name,
+                "params": planner.describe(),
+                "prompts": args.prompts,
+                "max_tokens": args.max_tokens,
+                "temperature": sampling.temperature,
+                "examples": int(examples.y.size),
+                "hidden": args.hidden,
+                "seed": args.train_seed,
+            }
+            tuning.save(model, report, path, meta, cases)
+            _print_training(console, examples, report, path, resolved.name)
+            out.update(training=meta, held_out=report.as_dict(), model_path=str(path))
+            compare_cases = tuning.held_out_cases(path, cases)
+        elif not path.is_file():
+            raise EdgespecError(f"no decision model at {path}: run `edgespec tune` without --no-train first")
+        else:
+            DecisionModel.load(path)  # fails early, with the loader's message, if it is stale
+            compare_cases = tuning.held_out_cases(path, cases)
+        if args.compare:
+            if args.compare_prompts:
+                compare_cases = tuning.load_cases(args.compare_prompts)
+            planners = {
+                "off": lambda: _planner(args, strategy="mcsd"),
+                "threshold": lambda: _planner(args, "threshold", strategy="mcsd"),
+                "model": lambda: _planner(args, "model", path, strategy="mcsd"),
+                "target-init": lambda: _planner(args, strategy="mcsd-target-init"),
+            }
+            chosen = {v: planners[v]() for v in variants}
+            tokens = args.compare_tokens or args.max_tokens
+            with _progress(console) as bar:
+                task = bar.add_task("compare", total=None)
+                rows = tuning.compare(
+                    pair,
+                    chosen,
+                    compare_cases,
+                    tokens,
+                    sampling,
+                    lambda what, done, total: bar.update(task, completed=done, total=total, description=what),
+                )
+            out["compare"] = {"prompts": [c.name for c in compare_cases], "max_tokens": tokens, "rows": rows}
+            console.print(tuning.format_table(rows), markup=False, highlight=False)
+    if args.json:
+        print(json.dumps(out, ensure_ascii=False))
+    return 0
+
+
+def _print_training(console: Console, examples, report, path: Path, pair_name: str) -> None:
+    stats = examples.stats
+    tokens = sum(s.tokens for s in stats)
+    calls = sum(s.target_calls for s in stats)
+    console.print(
+        f"collected {examples.y.size} drafted tokens from {len(stats)} prompts "
+        f"({tokens} tokens, MAL {tokens / max(calls, 1):.2f}, {examples.y.mean():.1%} of drafted accepted)",
+        highlight=False,
+    )
+    console.print(
+        f"held out {report.split}: {report.n_held_out} examples, base rate {report.base_rate:.1%}\n"
+        f"  accuracy {report.accuracy:.3f} (always-majority {report.majority_accuracy:.3f})   "
+        f"AUC {report.auc:.3f} (draft probability alone {report.auc_draft_prob:.3f})",
+        highlight=False,
+    )
+    console.print(f"saved the decision model to {path}", highlight=False, markup=False)
+    default = path == tuning.decision_model_path(pair_name)
+    flag = "" if default else f" --early-stop-model {path}"
+    console.print(f"use it: edgespec generate --strategy mcsd --early-stop model{flag} …", markup=False)
+    if math.isnan(report.auc):
+        print("warning: the held-out examples are all of one class; AUC is undefined", file=sys.stderr)

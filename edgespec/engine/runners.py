@@ -89,23 +89,37 @@ class Target(CachedModel):
         """Plain decoding: the root alone, straight into the committed prefix."""
         return self.decode_committed([root], want_last=True)
 
-    def verify(self, tree: DraftTree) -> tuple[TreeLayout, np.ndarray]:
-        """Decode the packed tree; returns its layout and the (n, V) logits rows, one per node."""
+    def verify(self, tree: DraftTree, root_row: np.ndarray | None = None) -> tuple[TreeLayout, np.ndarray]:
+        """Decode the packed tree; returns its layout and the (n, V) logits rows, one per node.
+
+        ``root_row``: the root is already committed by ``decode_root`` (mcsd-target-init) and this is
+        its row; only the drafted nodes are packed, at the same positions and sequence ids.
+        """
         layout = tree_layout(tree.parents)
+        if root_row is not None:
+            if tree.size == 1:
+                return layout, root_row[None, :]
+            n, base = tree.size - 1, len(self.committed) - 1  # base: the committed root's position
+            self.ctx.decode(tree.tokens[1:], base + layout.depth[1:], layout.seq_ids[1:], [True] * n)
+            return layout, np.vstack([root_row[None, :], self.ctx.logits_rows(n)])
         if tree.size == 1:  # nothing drafted: plain decoding, committed at once
             return layout, self.decode_root(int(tree.tokens[0]))[None, :]
         base = len(self.committed)
         self.ctx.decode(tree.tokens, base + layout.depth, layout.seq_ids, [True] * tree.size)
         return layout, self.ctx.logits_rows(tree.size)
 
-    def commit(self, tree: DraftTree, layout: TreeLayout, path: Sequence[int]) -> None:
-        """Keep exactly the accepted path (root first) in the cache."""
-        if tree.size == 1:  # verify() already committed the root
+    def commit(
+        self, tree: DraftTree, layout: TreeLayout, path: Sequence[int], root_committed: bool = False
+    ) -> None:
+        """Keep exactly the accepted path (root first) in the cache (the root is already there when
+        ``root_committed``)."""
+        if tree.size == 1:  # verify() or decode_root() already committed the root
             return
-        base = len(self.committed)
-        last = path[-1]
-        self._keep_branch(int(layout.leaf_below[last]), range(layout.n_leaves), base, base + len(path))
-        self.committed.extend(int(tree.tokens[node]) for node in path)
+        skip = int(root_committed)
+        base = len(self.committed) - skip  # the root's position
+        leaf = int(layout.leaf_below[path[-1]])
+        self._keep_branch(leaf, range(layout.n_leaves), base + skip, base + len(path))
+        self.committed.extend(int(tree.tokens[node]) for node in path[skip:])
 
 
 class Draft(CachedModel):

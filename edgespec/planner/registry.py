@@ -169,7 +169,8 @@ def _load_model(values: dict[str, Any]) -> DecisionModel | None:
     path = values["early_stop_model"]
     if not path:
         raise StrategyError(
-            "--early-stop model needs --early-stop-model PATH (a decision model saved as .npz)"
+            "--early-stop model needs a decision model: train one for the pair with `edgespec tune`, "
+            "or pass --early-stop-model PATH (an .npz)"
         )
     try:
         return DecisionModel.load(path)

@@ -1,0 +1,120 @@
+"""MCSD on the real bundled pair: static and early-stopped MCSD and mcsd-target-init at temperature 0
+against plain decoding (divergence only at a near-tie within the measured batch noise, see
+realmodels.py), MCSD sampling at temperature 0.8, and `edgespec tune` end to end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from realmodels import BUNDLED_PAIR, chat_prompt, first_divergence
+
+from edgespec.decoder import Request, generate
+from edgespec.planner.earlystop import DecisionModel
+from edgespec.planner.mcsd import MCSDPlanner, MCSDTargetInitPlanner
+from edgespec.planner.tree import ChildRule
+from edgespec.prompts import ENGINE_PROMPTS
+from edgespec.sampling import SamplingParams
+
+pytestmark = pytest.mark.model
+
+TOKENS = 40  # compared against the first 40 tokens of plain decoding
+PROMPTS = ENGINE_PROMPTS[:3]
+K_CONFIG = (3, 2, 1)  # 15 draft tokens: inside the batch sizes batch_noise measures (≤ 16)
+PLANNERS = {
+    "mcsd": lambda: MCSDPlanner(k_config=K_CONFIG),
+    "mcsd-threshold": lambda: MCSDPlanner(k_config=K_CONFIG, early_stop="threshold"),
+    "mcsd-target-init": lambda: MCSDTargetInitPlanner(w=2, k_config=(2, 1, 1)),  # 14 draft tokens
+}
+
+
+def _greedy_run(pair, planner, text, monkeypatch, max_tokens=TOKENS):
+    """Run and check the structural exactness: token k of a step is the argmax of the verify row of
+    the k-th node of the accepted path (for target-init, row 0 is the root's own decode)."""
+    rows_argmax: list[np.ndarray] = []
+    original = pair.target.verify
+
+    def recording_verify(tree, *args):
+        layout, rows = original(tree, *args)
+        rows_argmax.append(rows.argmax(axis=1))
+        return layout, rows
+
+    monkeypatch.setattr(pair.target, "verify", recording_verify)
+    request = Request(prompt=chat_prompt(pair, text), max_tokens=max_tokens)
+    events = [e for e in generate(pair, planner, request) if e.verified_nodes]
+    monkeypatch.undo()
+    assert len(events) == len(rows_argmax)
+    for event, argmax in zip(events, rows_argmax):
+        for k, token in enumerate(event.tokens):
+            assert token.id == argmax[event.accepted_path[k]]
+    return events
+
+
+@pytest.mark.parametrize("name", list(PLANNERS))
+def test_greedy_equals_plain_decoding(pair, plain_runs, batch_noise, name, monkeypatch):
+    flips = steps = accepted = 0
+    agreements = []
+    for text in PROMPTS:
+        plain_tokens, plain_margins = plain_runs[text]
+        events = _greedy_run(pair, PLANNERS[name](), text, monkeypatch)
+        tokens = [t.id for e in events for t in e.tokens]
+        steps += len(events)
+        accepted += sum(e.accepted for e in events)
+        where = first_divergence(tokens, plain_tokens, plain_margins, batch_noise, f"{name}, {text!r}")
+        if where is None:
+            assert tokens == plain_tokens[: len(tokens)] and len(tokens) == min(TOKENS, len(plain_tokens))
+        flips += where is not None
+        agreements.append((len(tokens) if where is None else where) / len(tokens))
+        if name == "mcsd-target-init":  # the target's own top token is always the first child
+            assert all(e.accepted >= 1 for e in events[:-1])
+    print(
+        f"\n{name}: MAL {1 + accepted / steps:.2f} over {steps} steps; {flips} near-tie flips; "
+        f"agreement with plain decoding {np.mean(agreements):.3f}"
+    )
+    assert accepted > 0
+
+
+def test_sampling_at_temperature_stays_coherent(pair):
+    request = Request(
+        prompt=chat_prompt(pair, "Write two sentences about the ocean."),
+        max_tokens=48,
+        sampling=SamplingParams(temperature=0.8, top_p=0.95, seed=5),
+    )
+    events = [e for e in generate(pair, MCSDPlanner(k_config=K_CONFIG), request) if e.verified_nodes]
+    rules = {int(r) for e in events for r in e.tree.child_rule if r != ChildRule.NONE}
+    assert rules == {int(ChildRule.SAMPLED)}  # children sampled from q: the residual rule verifies them
+    text = "".join(e.text for e in events)
+    words = text.split()
+    produced = sum(len(e.tokens) for e in events)
+    assert produced == 48 or events[-1].finish_reason == "stop"  # the answer may end on its own
+    assert len(words) >= 10, text
+    assert sum(c.isalpha() or c.isspace() or c in ".,;:'!-\"" for c in text) / len(text) > 0.9
+    assert max(words.count(w) for w in set(words)) < len(words) / 3  # no degenerate repetition
+    assert sum(e.accepted for e in events) > 0
+
+
+def test_tune_trains_stores_and_the_model_runs(pair, plain_runs, batch_noise, tmp_path, monkeypatch):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in ENGINE_PROMPTS[3:6]))
+    output = tmp_path / "model.npz"
+    cmd = [sys.executable, "-m", "edgespec", "tune", "--pair", BUNDLED_PAIR, "--prompts", str(prompts)]
+    cmd += ["--max-tokens", "24", "--k-config", "2,2,1", "--ctx", "1024", "--output", str(output), "--json"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    held_out = report["held_out"]
+    print(f"\ntune: {report['training']['examples']} examples, held out: {held_out}")
+    assert 0.0 <= held_out["auc"] <= 1.0 and 0.0 <= held_out["accuracy"] <= 1.0
+    assert 0.0 < held_out["base_rate"] < 1.0
+    assert output.is_file() and output.with_suffix(".json").is_file()
+    # The stored model drives early stopping on the real pair; the output stays plain decoding's.
+    planner = MCSDPlanner(k_config=K_CONFIG, early_stop="model", model=DecisionModel.load(output))
+    text = PROMPTS[0]
+    events = _greedy_run(pair, planner, text, monkeypatch, max_tokens=24)
+    tokens = [t.id for e in events for t in e.tokens]
+    plain_tokens, plain_margins = plain_runs[text]
+    if first_divergence(tokens, plain_tokens, plain_margins, batch_noise, f"mcsd model, {text!r}") is None:
+        assert tokens == plain_tokens[: len(tokens)]
