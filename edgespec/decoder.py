@@ -75,7 +75,14 @@ def generate(
             finish = "stop"
         if finish is not None:
             text += detok.flush() if finish != "stop" else ""
-        yield replace(step.event, tokens=tokens, text=text, finish_reason=finish, prefill_seconds=prefill)
+        yield replace(
+            step.event,
+            tokens=tokens,
+            text=text,
+            finish_reason=finish,
+            prefill_seconds=prefill,
+            committed=len(step.tokens),
+        )
         prefill = 0.0
         if finish is not None:
             return
