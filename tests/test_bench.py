@@ -41,7 +41,7 @@ def _variants():
     return [
         Variant("chain:2", "chain", 2, ChainPlanner(gamma=2)),
         Variant("tsd:8", "tsd", 8, make_planner("tsd", {"budget": 8})),
-        Variant("auto", "auto", 48, AutoPlanner(costs=CPU)),
+        Variant("auto", "auto", 48, AutoPlanner(costs=CPU), repeats=2),
     ]
 
 
@@ -71,17 +71,20 @@ def _doc(summary, **settings):
 
 def test_schedule_puts_every_strategy_between_two_plain_runs():
     assert schedule(["a", "b", "c"]) == [PLAIN, "a", PLAIN, "b", PLAIN, "c", PLAIN]
+    assert schedule(["a", "b", "c"], rotation=1) == [PLAIN, "b", PLAIN, "c", PLAIN, "a", PLAIN]
+    assert schedule(["a", "b"], repeats=[1, 3]) == [PLAIN, "a", PLAIN, "b", PLAIN, "b", PLAIN, "b", PLAIN]
 
 
 def test_runs_are_interleaved_per_prompt_and_match_plain(fake_bench):
     result, calls = fake_bench
     assert [pr.case.name for pr in result.prompts] == ["t/one", "t/two"]
-    for pr in result.prompts:
-        assert [r.variant for r in pr.runs] == schedule(["chain:2", "tsd:8", "auto"])
+    for index, pr in enumerate(result.prompts):
+        assert [r.variant for r in pr.runs] == schedule(["chain:2", "tsd:8", "auto"], index, [1, 1, 2])
         plain = pr.plain_runs()[0].tokens
         assert len(plain) == 24
         assert all(r.tokens == plain for r in pr.runs)  # greedy: every strategy reproduces plain decoding
-    assert calls[-1][1] == calls[-1][2] == 2 * 7 + 1  # progress reached its total (runs + warm-up)
+    assert [r.variant for r in result.prompts[1].runs][:3] == [PLAIN, "tsd:8", PLAIN]  # rotated
+    assert calls[-1][1] == calls[-1][2] == 2 * 9 + 1  # progress reached its total (runs + warm-up)
 
 
 def test_summary_has_one_entry_per_strategy_with_paired_ratios(fake_bench):
@@ -90,15 +93,16 @@ def test_summary_has_one_entry_per_strategy_with_paired_ratios(fake_bench):
     entries = {e["key"]: e for e in summary["results"]}
     assert list(entries) == ["chain:2", "tsd:8", "auto"]
     for e in entries.values():
-        assert len(e["paired_ratios"]) == 2 and e["speedup"] > 0
+        assert len(e["paired_ratios"]) == 2 * e["repeats"] and e["speedup"] > 0
         assert e["identical_to_plain"] == 1.0
         assert sum(e["time_split"].values()) == pytest.approx(1.0)
     assert entries["chain:2"]["mal"] > 1.0 and entries["chain:2"]["acceptance_rate"] > 0
     assert entries["chain:2"]["verified_per_step"] == pytest.approx(3.0)
     auto = entries["auto"]
     assert auto["mal"] == 1.0 and auto["plain_step_share"] == 1.0 and auto["draft_decodes_per_step"] == 0
-    assert summary["baseline"]["mal"] == 1.0 and summary["baseline"]["runs"] == 8
+    assert summary["baseline"]["mal"] == 1.0 and summary["baseline"]["runs"] == 10
     assert [p["order"] for p in summary["per_prompt"]][0][:3] == [PLAIN, "chain:2", PLAIN]
+    assert len(summary["per_prompt"][0]["variants"]["auto"]["ratios"]) == 2
 
 
 def _run(variant: str, n: int, seconds: float) -> Run:
@@ -117,7 +121,10 @@ def test_paired_ratio_uses_the_plain_runs_just_before_and_after():
     ]
     assert pr.ratio("S") == pytest.approx(12 / 9)  # pooled over 10 and 8 tokens in 2 s
     assert pr.ratio("T") == pytest.approx(9 / 8.5)
-    assert pr.ratio("missing") is None
+    assert pr.ratio("missing") is None and pr.ratios("missing") == []
+    pr.runs += [_run("S", 8, 1.0), _run(PLAIN, 9, 1.0)]  # a second run of S: ratios per run, geometric mean
+    assert pr.ratios("S") == pytest.approx([12 / 9, 8 / 9])
+    assert pr.ratio("S") == pytest.approx((12 / 9 * 8 / 9) ** 0.5)
 
 
 def test_json_round_trip_and_schema(fake_bench, tmp_path):
@@ -188,9 +195,16 @@ def test_compare_prints_the_differences(fake_bench, tmp_path, capsys):
 
 def test_parse_variants():
     parse = bench_command.parse_variants
-    assert parse("chain,tsd:8,auto", None) == [("chain", None), ("tsd", 8), ("auto", None)]
-    assert parse("chain,dyspec", "4,16") == [("chain", 4), ("chain", 16), ("dyspec", 4), ("dyspec", 16)]
-    assert parse("plain,chain:3", None) == [("chain", 3)]
+    assert parse("chain,tsd:8,auto@3", None) == [("chain", None, 1), ("tsd", 8, 1), ("auto", None, 3)]
+    assert parse("chain,dyspec", "4,16", 2) == [
+        ("chain", 4, 2),
+        ("chain", 16, 2),
+        ("dyspec", 4, 2),
+        ("dyspec", 16, 2),
+    ]
+    assert parse("plain,chain:3", None) == [("chain", 3, 1)]
+    with pytest.raises(EdgespecError, match="NAME"):
+        parse("chain:x", None)
     with pytest.raises(EdgespecError, match="unknown strategy 'beam'"):
         parse("beam", None)
     with pytest.raises(EdgespecError, match="twice"):

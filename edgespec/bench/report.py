@@ -145,8 +145,9 @@ def results_table(doc: dict) -> Table:
     table = Table(
         title=f"edgespec bench — {doc['pair'].get('name', '')}",
         caption=(
-            f"speedup: median over {n_prompts} prompts of the paired ratio (tokens/s ÷ tokens/s of the "
-            "plain runs just before and after, same prompt); range = min–max. efficiency = speedup ÷ MAL."
+            f"speedup: median over the strategy's runs ({n_prompts} prompts) of the paired ratio (tokens/s "
+            "÷ tokens/s of the plain runs just before and after, same prompt); range = min–max. "
+            "efficiency = speedup ÷ MAL."
         ),
         caption_justify="left",
     )
@@ -208,7 +209,8 @@ def auto_lines(doc: dict) -> list[str]:
         lines.append(
             f"{r['key']} vs plain: paired tokens/s ratio median {s['median']:.3f} (IQR {s['p25']:.3f}–"
             f"{s['p75']:.3f}, min {s['min']:.3f}, max {s['max']:.3f}; pooled {r['pooled_speedup']:.3f}) "
-            f"over {len(r['paired_ratios'])} prompts — {verdict} (floor {AUTO_FLOOR}); "
+            f"over {len(r['paired_ratios'])} runs on {len(doc.get('per_prompt', []))} prompts — {verdict} "
+            f"(floor {AUTO_FLOOR}); "
             f"plain steps {r['plain_step_share']:.0%}"
         )
     return lines
@@ -282,7 +284,7 @@ def plot(doc: dict, path: str | Path) -> None:
     ax1.axhline(1.0, color="black", linewidth=1, linestyle="--", label="plain decoding")
     ax1.set_xticks(list(x), keys, rotation=30, ha="right")
     ax1.set_ylabel("speedup vs plain (median paired ratio)")
-    ax1.set_title("tokens/s ÷ plain (whiskers: min–max over prompts)")
+    ax1.set_title("tokens/s ÷ plain (whiskers: min–max over runs)")
     ax1.set_ylim(0, max([1.15, *(s + h + 0.1 for s, h in zip(speedup, high))]))
     ax1.legend(loc="upper left", fontsize=8)
     for i, (v, h) in enumerate(zip(speedup, high)):

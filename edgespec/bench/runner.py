@@ -1,9 +1,11 @@
 """Run plain decoding and each strategy on the same prompts, interleaved, and pair the results.
 
-Order per prompt, for strategies S1 … Sk:  P S1 P S2 P … Sk P  (P = plain decoding). Each strategy
-run sits between two plain runs of the same prompt, so its **paired ratio** — its tokens/s over the
-tokens/s of the two plain runs around it — cancels slow drift of the machine (thermal state, other
-processes starting or stopping) to first order. Summaries use the median and spread of these ratios.
+Order per prompt, for strategies S1 … Sk:  P S1 P S2 P … Sk P  (P = plain decoding), the strategies
+rotated by one place from prompt to prompt; a strategy with ``repeats`` r > 1 comes back in later
+rounds (P S1 P S2 P S1 P …). Every strategy run sits between two plain runs of the same prompt, so
+its **paired ratio** — its tokens/s over the tokens/s of the two plain runs around it — cancels slow
+drift of the machine (thermal state, other processes starting or stopping) to first order.
+Summaries use the median and spread of these ratios over all runs of the strategy.
 
 Timing: the prompt is decoded into both caches before the clock starts (prefill is reported apart,
 once per prompt: later runs of the same prompt find it in the cache); the clock then covers the
@@ -13,7 +15,7 @@ whole generation loop — draft, verify, planning and bookkeeping, detokenisatio
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from statistics import median
 from time import perf_counter
 
@@ -37,6 +39,7 @@ class Variant:
     strategy: str
     budget: int | None
     planner: object
+    repeats: int = 1  # runs per prompt, each between two plain runs (more pairs: a tighter median)
 
 
 @dataclass(frozen=True)
@@ -66,22 +69,30 @@ class PromptResult:
     def plain_runs(self) -> list[Run]:
         return [r for r in self.runs if r.variant == PLAIN]
 
-    def paired(self, key: str) -> tuple[Run, list[Run]] | None:
-        """A strategy's run and the plain runs right before and after it."""
+    def paired(self, key: str) -> list[tuple[Run, list[Run]]]:
+        """Every run of a strategy, with the plain runs right before and after it."""
+        out = []
         for i, run in enumerate(self.runs):
             if run.variant == key:
                 around = [self.runs[j] for j in (i - 1, i + 1) if 0 <= j < len(self.runs)]
-                return run, [r for r in around if r.variant == PLAIN]
-        return None
+                out.append((run, [r for r in around if r.variant == PLAIN]))
+        return out
+
+    def ratios(self, key: str) -> list[float]:
+        """Per run of the strategy: its tokens/s ÷ tokens/s of the adjacent plain runs (pooled)."""
+        out = []
+        for run, plains in self.paired(key):
+            seconds = sum(p.seconds for p in plains)
+            if plains and seconds > 0:
+                plain_tps = sum(len(p.tokens) for p in plains) / seconds
+                if plain_tps > 0:
+                    out.append(run.tokens_per_second / plain_tps)
+        return out
 
     def ratio(self, key: str) -> float | None:
-        """Tokens/s of the strategy ÷ tokens/s of the adjacent plain runs (pooled)."""
-        pair = self.paired(key)
-        if pair is None or not pair[1]:
-            return None
-        run, plains = pair
-        plain_tps = sum(len(p.tokens) for p in plains) / sum(p.seconds for p in plains)
-        return run.tokens_per_second / plain_tps if plain_tps > 0 else None
+        """The strategy's paired ratio on this prompt (geometric mean over its runs)."""
+        values = self.ratios(key)
+        return float(np.exp(np.mean(np.log(values)))) if values else None
 
 
 @dataclass
@@ -100,11 +111,21 @@ class BenchResult:
     warmup_seconds: float = 0.0
 
 
-def schedule(variant_keys: Sequence[str]) -> list[str]:
-    """P S1 P S2 P … Sk P: every strategy between two plain runs."""
+def schedule(
+    variant_keys: Sequence[str], rotation: int = 0, repeats: Sequence[int] | None = None
+) -> list[str]:
+    """P S1 P S2 P … Sk P — every strategy run between two plain runs; the strategies rotated by
+    ``rotation`` places; a strategy with r repeats appears in rounds 1…r."""
+    keys = list(variant_keys)
+    counts = dict(zip(keys, repeats or [1] * len(keys)))
+    if keys:
+        shift = rotation % len(keys)
+        keys = keys[shift:] + keys[:shift]
     order = [PLAIN]
-    for key in variant_keys:
-        order += [key, PLAIN]
+    for round_ in range(max(counts.values(), default=0)):
+        for key in keys:
+            if counts[key] > round_:
+                order += [key, PLAIN]
     return order
 
 
@@ -148,10 +169,10 @@ def run_bench(
     """Warm up every variant once, then run each prompt in the interleaved order of ``schedule``.
 
     ``tokenize`` turns a prompt into token ids (default: the target's chat template)."""
-    order = schedule([v.key for v in variants])
+    keys, repeats = [v.key for v in variants], [v.repeats for v in variants]
     planners = {v.key: v.planner for v in variants}
     planners[PLAIN] = None
-    total = len(cases) * len(order) + 1
+    total = len(cases) * len(schedule(keys, 0, repeats)) + 1
     done = 0
 
     def tick(what: str) -> None:
@@ -182,7 +203,7 @@ def run_bench(
         t2 = perf_counter()
         result = PromptResult(case, len(prompt), t1 - t0, t2 - t1)
         sampling = _sampling_for(config, index)
-        for key in order:
+        for key in schedule(keys, index, repeats):
             if progress is not None:
                 progress(f"{case.name}: {key}", done, total)
             result.runs.append(
@@ -213,16 +234,17 @@ def _spread(values: Sequence[float]) -> dict:
     }
 
 
+def merged_stats(parts: Sequence[GenerationStats]) -> GenerationStats:
+    """The totals of several generations (every counter summed, timings added)."""
+    total = GenerationStats()
+    for part in parts:
+        for f in fields(GenerationStats):
+            setattr(total, f.name, getattr(total, f.name) + getattr(part, f.name))
+    return total
+
+
 def _totals(runs: Sequence[Run]) -> dict:
-    stats = GenerationStats()
-    for run in runs:
-        stats.tokens += run.stats.tokens
-        stats.target_calls += run.stats.target_calls
-        stats.drafted += run.stats.drafted
-        stats.accepted += run.stats.accepted
-        stats.verified_nodes += run.stats.verified_nodes
-        stats.draft_decodes += run.stats.draft_decodes
-        stats.timings = stats.timings + run.stats.timings
+    stats = merged_stats([run.stats for run in runs])
     tokens = sum(len(r.tokens) for r in runs)
     seconds = sum(r.seconds for r in runs)
     steps = stats.target_calls or 1
@@ -253,14 +275,14 @@ def summarise(result: BenchResult) -> dict:
     for pr in result.prompts:
         variants = {}
         for v in result.variants:
-            paired = pr.paired(v.key)
-            if paired is not None:
-                run = paired[0]
+            runs = [run for run, _ in pr.paired(v.key)]
+            if runs:
                 variants[v.key] = {
-                    "tokens": len(run.tokens),
-                    "tokens_per_second": run.tokens_per_second,
+                    "tokens": [len(run.tokens) for run in runs],
+                    "tokens_per_second": [run.tokens_per_second for run in runs],
+                    "ratios": pr.ratios(v.key),
                     "ratio": pr.ratio(v.key),
-                    "mal": run.stats.mean_accepted_length,
+                    "mal": runs[0].stats.mean_accepted_length,
                 }
         per_prompt.append(
             {
@@ -284,17 +306,12 @@ def summarise(result: BenchResult) -> dict:
 def _entry(result: BenchResult, variant: Variant) -> dict:
     runs, adjacent, ratios, same = [], [], [], []
     for pr in result.prompts:
-        paired = pr.paired(variant.key)
-        if paired is None:
-            continue
-        run, plains = paired
-        runs.append(run)
-        adjacent.extend(plains)
-        ratio = pr.ratio(variant.key)
-        if ratio is not None:
-            ratios.append(ratio)
-        if plains:
-            same.append(run.tokens == plains[0].tokens)
+        for run, plains in pr.paired(variant.key):
+            runs.append(run)
+            adjacent.extend(plains)
+            if plains:
+                same.append(run.tokens == plains[0].tokens)
+        ratios.extend(pr.ratios(variant.key))
     totals = _totals(runs)
     plain_tps = _totals(adjacent)["tokens_per_second"] if adjacent else 0.0
     spread = _spread(ratios)
@@ -306,11 +323,12 @@ def _entry(result: BenchResult, variant: Variant) -> dict:
         "budget": variant.budget,
         "params": describe() if describe else "",
         **totals,
-        "speedup": speedup,  # median paired ratio
+        "repeats": variant.repeats,
+        "speedup": speedup,  # median paired ratio over every run of the strategy
         "speedup_spread": spread,
         "pooled_speedup": totals["tokens_per_second"] / plain_tps if plain_tps else None,
         "paired_ratios": ratios,
         "efficiency": speedup / totals["mal"] if speedup and totals["mal"] else None,
-        # greedy: share of prompts whose output equals plain decoding's (near-tie flips aside)
+        # greedy: share of runs whose output equals plain decoding's (near-tie flips aside)
         "identical_to_plain": sum(same) / len(same) if same and result.config.sampling.greedy else None,
     }

@@ -12,7 +12,9 @@ from ..errors import EdgespecError
 from ..planner import registry as strategies
 
 DEFAULT_STRATEGIES = "chain,tsd,gsd,opt-tree,dyspec,mcsd,auto"
-QUICK_STRATEGIES = "chain,tsd:8,dyspec:8,auto"
+# auto runs three times per prompt: its claim (never slower than plain decoding) is a ±2 % one, and
+# on a shared machine one pair of runs per prompt is noisier than that
+QUICK_STRATEGIES = "chain,tsd:8,dyspec:8,auto@3"
 QUICK_MAX_TOKENS = 48
 DEFAULT_MAX_TOKENS = 128
 
@@ -27,9 +29,10 @@ def register(sub) -> None:
     )
     p.add_argument(
         "--strategies",
-        help=f"comma-separated strategies, each optionally NAME:BUDGET (default: {DEFAULT_STRATEGIES}; "
-        f"--quick: {QUICK_STRATEGIES})",
+        help="comma-separated strategies, each NAME[:BUDGET][@RUNS] (RUNS: runs per prompt, each between "
+        f"two plain runs; default --repeats) (default: {DEFAULT_STRATEGIES}; --quick: {QUICK_STRATEGIES})",
     )
+    p.add_argument("--repeats", type=int, default=1, help="runs per prompt of every strategy (default 1)")
     p.add_argument(
         "--budgets", help="comma-separated budgets; every strategy runs at each (chain: γ; auto: its cap)"
     )
@@ -64,26 +67,31 @@ def register(sub) -> None:
     p.set_defaults(run=run)
 
 
-def parse_variants(text: str, budgets: str | None) -> list[tuple[str, int | None]]:
-    """``"chain,tsd:8"`` and ``"4,8"`` → [(name, budget or None)], each strategy at each budget."""
+def parse_variants(text: str, budgets: str | None, repeats: int = 1) -> list[tuple[str, int | None, int]]:
+    """``"chain,tsd:8,auto@3"`` and ``"4,8"`` → [(name, budget or None, runs per prompt)], each strategy
+    at each budget."""
     names = [s.strip() for s in text.split(",") if s.strip()]
     extra = [int(b) for b in budgets.split(",") if b.strip()] if budgets else []
-    out: list[tuple[str, int | None]] = []
+    out: list[tuple[str, int | None, int]] = []
     for item in names:
-        name, _, budget = item.partition(":")
+        spec, _, runs = item.partition("@")
+        name, _, budget = spec.partition(":")
         if name == "none" or name == "plain":
             continue  # plain decoding always runs: it is the baseline
         if name not in strategies.STRATEGIES and name != "auto":
             raise EdgespecError(
                 f"unknown strategy {name!r}; choose from {', '.join(strategies.STRATEGY_NAMES)}, auto"
             )
-        if budget:
-            out.append((name, int(budget)))
-        elif extra:
-            out.extend((name, b) for b in extra)
-        else:
-            out.append((name, None))
-    if len(set(out)) != len(out):
+        try:
+            count = int(runs) if runs else repeats
+            budget_list = [int(budget)] if budget else extra or [None]
+        except ValueError as exc:
+            raise EdgespecError(f"--strategies: {item!r} is not NAME[:BUDGET][@RUNS]") from exc
+        if count < 1:
+            raise EdgespecError(f"--strategies: {item!r} needs at least one run per prompt")
+        out.extend((name, b, count) for b in budget_list)
+    keys = [(name, budget) for name, budget, _ in out]
+    if len(set(keys)) != len(keys):
         raise EdgespecError(f"--strategies lists a strategy twice at the same budget: {text}")
     return out
 
@@ -94,7 +102,7 @@ def build_variants(args, resolved, pair, profile) -> list:
     base = {k: v for k, v in resolved.strategy_defaults.items() if k not in ("strategy", "budget")}
     base.update(strategies.parameters_from_args(args))
     variants = []
-    for name, budget in parse_variants(args.strategies, args.budgets):
+    for name, budget, runs in parse_variants(args.strategies, args.budgets, args.repeats):
         params = dict(base)
         if budget is not None:
             params["gamma" if name == "chain" else "budget"] = budget
@@ -105,7 +113,7 @@ def build_variants(args, resolved, pair, profile) -> list:
             planner.use_costs(profile.model(pair.max_nodes - 1))
         actual = getattr(planner, "gamma", None) if name == "chain" else getattr(planner, "budget", None)
         key = name if budget is None else f"{name}:{budget}"
-        variants.append(Variant(key, name, actual, planner))
+        variants.append(Variant(key, name, actual, planner, runs))
     return variants
 
 
@@ -137,11 +145,11 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
     from ..prompts import load_prompts
 
     cases = load_prompts(args.prompts)
-    wanted = parse_variants(args.strategies, args.budgets)  # fail on a typo before loading models
+    wanted = parse_variants(args.strategies, args.budgets, args.repeats)  # fail on typos before loading
     resolved, pair = options.open_pair(args, need_draft=True)
     with pair:
         profile = None
-        if args.profile or args.reprofile or any(name == "auto" for name, _ in wanted):
+        if args.profile or args.reprofile or any(name == "auto" for name, _, _ in wanted):
             quick = not (args.profile or args.reprofile)
             with costs.progress_bar("cost profile") as bar:
                 profile = costs.load_or_measure(pair, refresh=args.reprofile, quick=quick, progress=bar)
@@ -157,7 +165,8 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
             warmup_tokens=args.warmup_tokens,
             seed=args.seed if args.seed is not None else 1234,
         )
-        with costs.progress_bar(f"bench ({len(cases)} prompts × {2 * len(variants) + 1} runs)") as bar:
+        runs = 1 + 2 * sum(v.repeats for v in variants)
+        with costs.progress_bar(f"bench ({len(cases)} prompts × {runs} runs)") as bar:
             result = run_bench(pair, cases, variants, config, progress=bar)
         settings = pair.settings
         doc = report.document(
@@ -177,6 +186,7 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
                 "prompts": args.prompts,
                 "prompt_names": [c.name for c in cases],
                 "strategies": [v.key for v in variants],
+                "repeats": {v.key: v.repeats for v in variants},
                 "warmup_tokens": args.warmup_tokens,
                 "warmup_seconds": result.warmup_seconds,
                 "n_ctx": settings.n_ctx,
