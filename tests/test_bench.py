@@ -262,6 +262,7 @@ def test_bench_command_on_the_bundled_pair(tmp_path, monkeypatch, capsys):
     args = parser.parse_args(
         ["bench", "--pair", BUNDLED_PAIR, "--prompts", str(prompts), "--strategies", "chain:3,auto"]
         + ["--max-tokens", "8", "--warmup-tokens", "2", "--ctx", "1024", "--max-tree-nodes", "8"]
+        + ["--threads", "1"]  # robust when other processes share the cores (see docs/benchmarks.md)
         + ["--json", str(out_json), "--plot", str(out_png)]
     )
     assert args.run(args) == 0
