@@ -584,7 +584,7 @@ def test_real_bundled_pair_end_to_end(tmp_path, monkeypatch):
     from edgespec.cli import build_parser
     from tui.backend import LlamaBackend
 
-    args = build_parser().parse_args(["chat", "--ctx", "1024"])
+    args = build_parser().parse_args(["chat", "--ctx", "1024", "--strategy", "chain"])
     app = ChatApp(
         LlamaBackend(args), ChatStore(tmp_path / "chats.sqlite3"), settings=ChatSettings(max_tokens=8)
     )

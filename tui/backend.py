@@ -102,6 +102,7 @@ class PairEngine:
         self.pair = pair
         self.n_ctx = pair.target.n_ctx
         self.has_draft = pair.draft is not None
+        self._with_costs: set[int] = set()
 
     def piece(self, token: int) -> str:
         return self.pair.target.model.piece(token).decode("utf-8", errors="replace")
@@ -111,7 +112,11 @@ class PairEngine:
 
     def stream(self, planner, messages, settings, cancel, stats) -> Iterator[StepEvent]:
         from edgespec.chat import stream_reply
+        from edgespec.costs import attach
 
+        if planner is not None and id(planner) not in self._with_costs:
+            attach(planner, self.pair)  # auto: this pair's cost profile (measured once, in this worker)
+            self._with_costs.add(id(planner))
         return stream_reply(self.pair, planner, messages, settings, cancel=cancel, stats=stats)
 
     def close(self) -> None:
@@ -125,7 +130,7 @@ class LlamaBackend:
         from edgespec.planner import registry as planner_registry
 
         self.args = args  # the parsed `edgespec chat` arguments (see edgespec.options)
-        self.strategies = ("none", *planner_registry.STRATEGY_NAMES)
+        self.strategies = ("none", *planner_registry.STRATEGY_NAMES, "auto")
 
     def pairs(self) -> list[str]:
         from edgespec.store import ModelStore
@@ -166,8 +171,11 @@ class LlamaBackend:
             target, draft = ensure(spec.target.name), ensure(spec.draft.name)
             name = spec.name
             defaults = StrategyChoice(spec.strategy, {"budget": spec.budget, **dict(spec.params)})
-        if args.strategy not in (None, "auto"):  # the command line overrides the pair's recommendation
-            params = dict(defaults.params) if args.strategy == defaults.name else {"budget": defaults.budget}
+        if args.strategy is not None and draft:  # the command line (default: auto) overrides the pair's pick
+            if args.strategy == defaults.name:
+                params = dict(defaults.params)
+            else:  # the pair's budget suits its own strategy; auto sizes its trees from measured costs
+                params = {} if args.strategy == "auto" else {"budget": defaults.budget}
             params.update(planner_registry.parameters_from_args(args))
             defaults = StrategyChoice(args.strategy, params)
         if defaults.name == "chain" and "gamma" in defaults.params:  # the chain's budget is its γ

@@ -34,7 +34,7 @@ def run(args) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     resolved, pair = options.open_pair(args, need_draft=args.strategy != "none")
     with pair:
-        planner = options.make_planner(args, resolved)
+        planner = options.make_planner(args, resolved, pair=pair)  # auto gets this pair's cost profile
         settings = ChatSettings(
             sampling=options.sampling_params(args),
             max_tokens=args.max_tokens,
