@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import threading
 from time import monotonic
 
 import pytest
@@ -435,13 +436,15 @@ def test_tree_panel_and_view_toggles(tmp_path):
 
 def test_loading_screen_shows_progress(tmp_path):
     async def scenario():
-        app = make_app(tmp_path, FakeBackend(load_delay=0.4))
+        half = threading.Event()  # the fake load waits at 50 % until the test has seen it
+        app = make_app(tmp_path, FakeBackend(hold_at_half=half))
         async with app.run_test(size=SIZE) as pilot:
             await wait_until(pilot, lambda: isinstance(app.screen, LoadingScreen), what="the loading screen")
             stage = app.screen.query_one("#stage")
             await wait_until(pilot, lambda: "512 B of 1.0 KiB" in str(stage.render()), what="progress")
             assert app.screen.query_one(ProgressBar).percentage == 0.5
             assert app.chat.status.state == "loading"
+            half.set()
             await ready(pilot)
             assert app.chat.status.state == "ready"
 

@@ -213,6 +213,7 @@ class FakeBackend:
     repeat: int = 1
     n_ctx: int = 4096
     load_delay: float = 0.002  # seconds between load progress reports
+    hold_at_half: threading.Event | None = None  # when set: loading waits at 50 % until the event is set
     engines: list[FakeEngine] = field(default_factory=list)
     loads: list[str | None] = field(default_factory=list)
 
@@ -223,6 +224,8 @@ class FakeBackend:
         self.loads.append(pair)
         for done in (0, 512, 1024):
             on_progress("assembling fake-target", done, 1024)
+            if done == 512 and self.hold_at_half is not None:
+                self.hold_at_half.wait(30)
             time.sleep(self.load_delay)
         on_progress("loading into memory", 0, 0)
         if pair in self.fail:
