@@ -133,17 +133,23 @@ def test_kv_cache_after_300_speculative_steps_equals_a_fresh_decode():
     from edgespec.engine import EngineSettings, ModelPair
 
     target, draft = bundled_paths()
-    settings = EngineSettings(n_ctx=2048, max_tree_nodes=8, repack=False)
+    settings = EngineSettings(n_ctx=4096, max_tree_nodes=8, repack=False)
     with ModelPair(target, draft, settings) as spec_pair:
         prompt = chat_prompt(spec_pair, "Tell a long story about a lighthouse keeper and a storm.")
         planner = RandomTreePlanner(budget=7, seed=3)
-        request = Request(prompt=prompt, max_tokens=1200, sampling=SamplingParams(temperature=1.0, seed=11))
+        newline = spec_pair.target.model.tokenize("\n", add_special=False)
         steps = accepted = 0
-        for event in generate(spec_pair, planner, request):
-            steps += bool(event.verified_nodes)
-            accepted += event.accepted
-            if steps >= 300:
-                break
+        turn = prompt
+        while steps < 300:  # if the story ends early, continue it (the caches keep the common prefix)
+            request = Request(
+                prompt=turn, max_tokens=1200, sampling=SamplingParams(temperature=1.0, seed=steps)
+            )
+            for event in generate(spec_pair, planner, request):
+                steps += bool(event.verified_nodes)
+                accepted += event.accepted
+                if steps >= 300:
+                    break
+            turn = list(spec_pair.target.committed) + newline
         sequence = list(spec_pair.target.committed)
         spec_pair.target.sync(sequence[:-1])  # drops only the last cell; the rest is the speculative KV
         spec_logits = spec_pair.target.decode_root(sequence[-1]).copy()
