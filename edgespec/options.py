@@ -36,8 +36,8 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--no-repack",
         action="store_true",
-        help="turn off llama.cpp's CPU weight repacking (slower; batch "
-        "numerics equal single-token numerics for batches up to 8)",
+        help="turn off llama.cpp's CPU weight repacking (slower; the first row of a batch of up to 8 "
+        "tokens then computes like a single token)",
     )
 
 

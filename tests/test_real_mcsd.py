@@ -21,8 +21,8 @@ from edgespec.sampling import SamplingParams
 
 pytestmark = pytest.mark.model
 
-TOKENS = 40  # compared against the first 40 tokens of plain decoding
-PROMPTS = ENGINE_PROMPTS[:3]
+TOKENS = 32  # compared against the first 32 tokens of plain decoding
+PROMPTS = ENGINE_PROMPTS[:2]
 K_CONFIG = (3, 2, 1)  # 15 draft tokens: inside the batch sizes batch_noise measures (≤ 16)
 PLANNERS = {
     "mcsd": lambda: MCSDPlanner(k_config=K_CONFIG),

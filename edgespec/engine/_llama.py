@@ -220,6 +220,12 @@ class Context:
     def seq_pos_max(self, seq: int) -> int:
         return int(C.llama_memory_seq_pos_max(self.memory, seq))
 
+    def seq_state_bytes(self, seq: int) -> int:
+        """Size of ``seq``'s saved state: a header plus a fixed amount per cell tagged with ``seq``,
+        so two caches agree on it exactly when they hold the same number of cells for ``seq`` (a
+        numerics-free check of the KV bookkeeping)."""
+        return int(C.llama_state_seq_get_size(self.ptr, seq))
+
     def clear(self) -> None:
         C.llama_memory_clear(self.memory, True)
 
