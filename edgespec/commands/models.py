@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -53,8 +55,9 @@ def run_list(args) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     console = Console()
-    console.print(_models_table(statuses))
-    console.print(_pairs_table(store))
+    wide = console.width >= 120
+    console.print(_models_table(statuses, store.models_dir, wide))
+    console.print(_pairs_table(store, wide))
     console.print(f"models dir: {store.models_dir}")
     console.print(f"registry:   {', '.join(store.registry.files)}")
     if str(user_registry_path()) not in store.registry.files:
@@ -139,32 +142,40 @@ def _pair_json(store: ModelStore, pair: PairSpec) -> dict:
     }
 
 
-def _models_table(statuses: list[ModelStatus]) -> Table:
-    table = Table(title="models", title_justify="left")
-    for column in ("name", "role", "quant", "size", "installed", "verified"):
-        table.add_column(column, no_wrap=column == "name")
-    table.add_column("source / path", overflow="fold")
+def _models_table(statuses: list[ModelStatus], models_dir: Path, wide: bool) -> Table:
+    """One row per model. Narrow terminals get the columns that fit in 80; wide ones add the file
+    (by name when it is in the store — the folder is printed below the tables) or the source."""
+    table = Table(title="models", title_justify="left", box=box.SIMPLE_HEAD)
+    for column in ("name", "role", "quant", "size", "state"):
+        table.add_column(column, no_wrap=True)
+    if wide:
+        table.add_column("file / source", overflow="fold")
     for s in statuses:
-        table.add_row(
-            s.spec.name,
-            s.role or "-",
-            s.spec.quant,
-            format_bytes(s.size) if s.size else "?",
-            "[green]yes[/]" if s.installed else "no",
-            "[green]yes[/]" if s.verified else ("[yellow]no[/]" if s.installed else "-"),
-            str(s.path) if s.installed else s.spec.describe_source(),
-        )
+        if s.verified:
+            state = "[green]verified[/]"
+        else:
+            state = "[yellow]unverified[/]" if s.installed else "missing"
+        row = [s.spec.name, s.role or "-", s.spec.quant, format_bytes(s.size) if s.size else "?", state]
+        if wide and s.installed:
+            row.append(s.path.name if s.path.parent == models_dir else str(s.path))
+        elif wide:
+            row.append(s.spec.describe_source())
+        table.add_row(*row)
     return table
 
 
-def _pairs_table(store: ModelStore) -> Table:
-    table = Table(title="pairs", title_justify="left")
-    for column in ("name", "target", "draft", "strategy", "budget", "params"):
-        table.add_column(column, no_wrap=column == "name")
+def _pairs_table(store: ModelStore, wide: bool) -> Table:
+    table = Table(title="pairs", title_justify="left", box=box.SIMPLE_HEAD)
+    columns = (
+        ("name", "target", "draft", "strategy", "budget", "params")
+        if wide
+        else ("name", "strategy", "budget", "params")
+    )
+    for column in columns:
+        table.add_column(column, no_wrap=column == "name", overflow="fold")
     for pair in store.registry.pairs.values():
         default = " [bold](default)[/]" if pair.name == store.registry.default_pair_name else ""
         params = ", ".join(f"{k}={v}" for k, v in pair.params.items())
-        table.add_row(
-            pair.name + default, pair.target.name, pair.draft.name, pair.strategy, str(pair.budget), params
-        )
+        members = [pair.target.name, pair.draft.name] if wide else []
+        table.add_row(pair.name + default, *members, pair.strategy, str(pair.budget), params)
     return table
