@@ -109,6 +109,25 @@ def _run(variant: str, n: int, seconds: float) -> Run:
     return Run(variant, "p", tuple(range(n)), seconds, GenerationStats(tokens=n, target_calls=n), 0)
 
 
+def test_totals_count_gsd_merges_and_graph_successes_per_step():
+    from edgespec.bench.runner import _totals
+
+    runs = [
+        Run(
+            "gsd",
+            "p",
+            (1, 2, 3, 4),
+            1.0,
+            GenerationStats(tokens=4, target_calls=2, merges=3, graph_successes=1),
+            0,
+        ),
+        Run("gsd", "p", (1, 2), 1.0, GenerationStats(tokens=2, target_calls=2, merges=1), 0),
+    ]
+    totals = _totals(runs)
+    assert totals["merges_per_step"] == pytest.approx(4 / 4)
+    assert totals["graph_success_share"] == pytest.approx(1 / 4)
+
+
 def test_paired_ratio_uses_the_plain_runs_just_before_and_after():
     pr = PromptResult(CASES[0], 7, 0.1, 0.05)
     # plain 10 tok/s, S 12 tok/s, plain 8 tok/s (the machine slowed down), T 9 tok/s, plain 9 tok/s

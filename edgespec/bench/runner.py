@@ -262,6 +262,8 @@ def _totals(runs: Sequence[Run]) -> dict:
         "accepted": stats.accepted,
         "verified_per_step": stats.verified_nodes / steps,
         "draft_decodes_per_step": stats.draft_decodes / steps,
+        "merges_per_step": stats.merges / steps,  # GSD: τ-redundant nodes merged per graph
+        "graph_success_share": stats.graph_successes / steps,  # accepted path went through a merge
         "plain_step_share": sum(r.plain_steps for r in runs) / steps,
         "time_split": {"draft": draft, "verify": verify, "overhead": max(1.0 - draft - verify, 0.0)},
     }
