@@ -309,6 +309,20 @@ def test_opt_tree_expected_accept_grows_with_depth_and_delta_stops_it():
     assert OptTreePlanner(mu=0.3).threshold == 0.3 and OptTreePlanner(mu=0.3, delta=0.5).threshold == 0.5
 
 
+def test_opt_tree_takes_mu_from_the_cost_profile():
+    from edgespec.planner.auto import CostModel
+
+    costs = CostModel.from_functions(lambda n: 0.1 * n, lambda n: 0.04 * n)  # c_d(1) / c_t(1) = 0.4
+    planner = OptTreePlanner()
+    assert planner.threshold == OptTreePlanner.DEFAULT_MU  # no profile yet
+    planner.use_costs(costs)
+    assert planner.threshold == pytest.approx(0.4)
+    given = OptTreePlanner(mu=0.3)
+    given.use_costs(costs)
+    assert given.threshold == 0.3  # a μ given on the command line wins over the measured one
+    assert "0.4" in planner.describe()
+
+
 # -- DySpec ------------------------------------------------------------------------------------------
 def reference_alg1(dist_for, root: int, m: int, seed: int | None):
     """DySpec Algorithm 1 as printed: one draft call per node, the residual R kept explicitly."""

@@ -109,7 +109,7 @@ def build_variants(args, resolved, pair, profile) -> list:
         planner = strategies.make_planner(name, params)
         if planner.lossy:
             raise EdgespecError(f"{name} changes the output distribution; bench compares lossless strategies")
-        if name == "auto":
+        if profile is not None and hasattr(planner, "use_costs"):  # auto's curves; OPT-Tree's μ
             planner.use_costs(profile.model(pair.max_nodes - 1))
         actual = getattr(planner, "gamma", None) if name == "chain" else getattr(planner, "budget", None)
         key = name if budget is None else f"{name}:{budget}"
@@ -149,7 +149,7 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
     resolved, pair = options.open_pair(args, need_draft=True)
     with pair:
         profile = None
-        if args.profile or args.reprofile or any(name == "auto" for name, _, _ in wanted):
+        if args.profile or args.reprofile or any(name in ("auto", "opt-tree") for name, _, _ in wanted):
             quick = not (args.profile or args.reprofile)
             with costs.progress_bar("cost profile") as bar:
                 profile = costs.load_or_measure(pair, refresh=args.reprofile, quick=quick, progress=bar)

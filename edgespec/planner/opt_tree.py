@@ -61,16 +61,27 @@ def subtree(tree: TreeBuilder, keep: np.ndarray) -> TreeBuilder:
 @dataclass
 class OptTreePlanner:
     budget: int = 24  # n: draft tokens in the tree, root excluded (the paper uses 25–60 nodes in all)
-    mu: float = 0.15  # μ = draft step time / target step time (the engine passes its measured value)
+    mu: float | None = None  # μ = draft step time / target step time; None → measured (use_costs)
     delta: float | None = None  # δ: stop deepening when E(A) grows by less; None → μ (break-even)
     max_depth: int = 10  # hard cap on drafting steps
     name: str = "opt-tree"
     lossy: bool = False
+    measured_mu: float | None = None  # from the pair's cost profile, when one is attached
+
+    DEFAULT_MU = 0.15  # without a profile: a 0.5B draft against a ~7B target on a GPU
+
+    def use_costs(self, costs) -> None:
+        """Take μ from the pair's cost profile: one draft decode over one target decode, c_d(1)/c_t(1)."""
+        self.measured_mu = float(costs.draft[0] / costs.target[0])
 
     @property
     def threshold(self) -> float:
-        """δ, the minimum gain in E(A) that pays for one more draft step."""
-        return self.mu if self.delta is None else self.delta
+        """δ, the minimum gain in E(A) that pays for one more draft step: δ = μ unless given."""
+        if self.delta is not None:
+            return self.delta
+        if self.mu is not None:
+            return self.mu
+        return self.DEFAULT_MU if self.measured_mu is None else self.measured_mu
 
     def describe(self) -> str:
         return f"n={self.budget} δ={self.threshold:.3g} depth≤{self.max_depth}"

@@ -255,8 +255,9 @@ STRATEGIES: dict[str, Strategy] = {
                 Param(
                     "mu",
                     "float",
-                    0.15,
-                    "μ: draft step time / target step time (measured by the engine)",
+                    None,
+                    "μ: draft step time / target step time (default: measured, from the pair's "
+                    "cost profile; 0.15 without one)",
                     minimum=0,
                 ),
                 Param("delta", "float", None, "δ: stop deepening when E(A) grows by less (default: μ)"),
