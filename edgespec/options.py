@@ -115,8 +115,10 @@ def make_planner(args: argparse.Namespace, resolved: ResolvedPair, strategy: str
     if name == "none":
         return None
     params = {k: v for k, v in resolved.strategy_defaults.items() if k != "strategy"}
-    if name == "auto" and resolved.strategy_defaults.get("strategy") != "auto":
-        params.pop("budget", None)  # the pair's budget is for its recommended strategy
+    if name != resolved.strategy_defaults.get("strategy"):
+        params.pop(
+            "budget", None
+        )  # the pair's budget is for its recommended strategy (a chain's γ ≠ a tree's n)
     params.update(strategies.parameters_from_args(args))
     if params.get("early_stop") == "model" and not params.get("early_stop_model"):
         from .tune import decision_model_path  # the pair's model from `edgespec tune`, if trained

@@ -191,10 +191,7 @@ class LlamaBackend:
 
         if choice.name == "none":
             return None
-        params = dict(choice.params)
-        if choice.name == "chain" and "budget" in params:  # the chain drafts γ tokens: its budget
-            params["gamma"] = params.pop("budget")
-        return planner_registry.make_planner(choice.name, params)
+        return planner_registry.make_planner(choice.name, choice.params)  # chain: budget is γ
 
 
 def _available(store, spec) -> bool:

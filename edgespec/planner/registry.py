@@ -378,9 +378,11 @@ def make_planner(name: str, params: Mapping[str, Any] | None = None) -> Planner:
     strategy = _WITH_AUTO.get(name)
     if strategy is None:
         raise StrategyError(f"unknown strategy {name!r}; choose one of: {', '.join(_WITH_AUTO)}")
+    params = {key.replace("-", "_"): raw for key, raw in (params or {}).items()}
+    if name == "chain" and params.get("gamma") is None and params.get("budget") is not None:
+        params["gamma"] = params.pop("budget")  # a chain's budget is its γ (pair defaults, --budget)
     values = strategy.defaults
-    for key, raw in (params or {}).items():
-        key = key.replace("-", "_")
+    for key, raw in params.items():
         if raw is None:
             continue
         if key not in values:
