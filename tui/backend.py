@@ -174,7 +174,7 @@ class LlamaBackend:
         if args.strategy is not None and draft:  # the command line (default: auto) overrides the pair's pick
             if args.strategy == defaults.name:
                 params = dict(defaults.params)
-            else:  # the pair's budget suits its own strategy; auto sizes its trees from measured costs
+            else:  # the pair's budget starts the budget knob (settings dialog); auto sizes its own trees
                 params = {} if args.strategy == "auto" else {"budget": defaults.budget}
             params.update(planner_registry.parameters_from_args(args))
             defaults = StrategyChoice(args.strategy, params)
