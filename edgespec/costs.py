@@ -244,8 +244,8 @@ def load_or_measure(
 def attach(
     planner, pair, progress: Progress | None = None, show_progress: bool = False, home: Path | None = None
 ) -> None:
-    """Give a planner that wants cost curves (``auto``) this pair's profile, measuring it if needed
-    (a quick profile, once per pair and machine; ``show_progress`` draws a bar on stderr)."""
+    """Give a planner that wants cost curves (``auto``; OPT-Tree's μ) this pair's profile, measuring
+    it if needed (a quick profile, once per pair and machine; ``show_progress`` draws a bar on stderr)."""
     use = getattr(planner, "use_costs", None)
     if use is None or pair.draft is None:
         return
@@ -259,8 +259,8 @@ def attach(
 
 
 @contextmanager
-def progress_bar(title: str) -> Iterator[Progress]:
-    """A Rich progress bar on stderr, as a ``Progress`` callback."""
+def progress_bar(title: str, console=None) -> Iterator[Progress]:
+    """A Rich progress bar (on ``console``, default stderr), as a ``Progress`` callback."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
     from rich.progress import Progress as RichProgress
@@ -270,7 +270,7 @@ def progress_bar(title: str) -> Iterator[Progress]:
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
-        console=Console(stderr=True),
+        console=console or Console(stderr=True),
         transient=True,
     ) as bar:
         task = bar.add_task(title, total=None)

@@ -8,9 +8,8 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from .. import options
+from .. import costs, options
 from .. import tune as tuning
 from ..errors import EdgespecError
 from ..planner import registry as strategies
@@ -72,16 +71,6 @@ def _planner(args, early_stop: str = "off", model_path: Path | None = None, stra
     return strategies.make_planner(strategy or args.strategy, params)
 
 
-def _progress(console: Console) -> Progress:
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-    )
-
-
 def run(args) -> int:
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in variants if v not in VARIANTS]
@@ -98,10 +87,14 @@ def run(args) -> int:
         compare_cases = cases
         if not args.no_train:
             planner = _planner(args)
-            with _progress(console) as bar:
-                task = bar.add_task(f"{planner.name} {planner.describe()}", total=len(cases))
+            with costs.progress_bar(f"{planner.name} {planner.describe()}", console) as bar:
                 examples = tuning.collect(
-                    pair, planner, cases, args.max_tokens, sampling, lambda _: bar.advance(task)
+                    pair,
+                    planner,
+                    cases,
+                    args.max_tokens,
+                    sampling,
+                    lambda i: bar(cases[i].name, i + 1, len(cases)),
                 )
             model, report = tuning.train(
                 examples, args.held_out, args.train_seed, hidden=args.hidden, epochs=args.epochs
@@ -137,15 +130,14 @@ def run(args) -> int:
             }
             chosen = {v: planners[v]() for v in variants}
             tokens = args.compare_tokens or args.max_tokens
-            with _progress(console) as bar:
-                task = bar.add_task("compare", total=None)
+            with costs.progress_bar("compare", console) as bar:
                 rows = tuning.compare(
                     pair,
                     chosen,
                     compare_cases,
                     tokens,
                     sampling,
-                    lambda what, done, total: bar.update(task, completed=done, total=total, description=what),
+                    bar,
                 )
             out["compare"] = {"prompts": [c.name for c in compare_cases], "max_tokens": tokens, "rows": rows}
             console.print(tuning.format_table(rows), markup=False, highlight=False)
