@@ -116,9 +116,8 @@ def make_planner(args: argparse.Namespace, resolved: ResolvedPair, strategy: str
         return None
     params = {k: v for k, v in resolved.strategy_defaults.items() if k != "strategy"}
     if name != resolved.strategy_defaults.get("strategy"):
-        params.pop(
-            "budget", None
-        )  # the pair's budget is for its recommended strategy (a chain's γ ≠ a tree's n)
+        # the pair's budget is for its recommended strategy (a chain's γ is not a tree's n)
+        params.pop("budget", None)
     params.update(strategies.parameters_from_args(args))
     if params.get("early_stop") == "model" and not params.get("early_stop_model"):
         from .tune import decision_model_path  # the pair's model from `edgespec tune`, if trained

@@ -115,7 +115,7 @@ class PairEngine:
         from edgespec.costs import attach
 
         if planner is not None and id(planner) not in self._with_costs:
-            attach(planner, self.pair)  # auto: this pair's cost profile (measured once, in this worker)
+            attach(planner, self.pair)  # auto, OPT-Tree: this pair's cost profile (measured once, here)
             self._with_costs.add(id(planner))
         return stream_reply(self.pair, planner, messages, settings, cancel=cancel, stats=stats)
 

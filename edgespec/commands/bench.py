@@ -96,7 +96,8 @@ def parse_variants(text: str, budgets: str | None, repeats: int = 1) -> list[tup
     return out
 
 
-def build_variants(args, resolved, pair, profile) -> list:
+def build_variants(args, resolved) -> list:
+    """One variant per strategy and budget; cost-aware planners get the profile afterwards."""
     from ..bench import Variant
 
     base = {k: v for k, v in resolved.strategy_defaults.items() if k not in ("strategy", "budget")}
@@ -109,8 +110,6 @@ def build_variants(args, resolved, pair, profile) -> list:
         planner = strategies.make_planner(name, params)
         if planner.lossy:
             raise EdgespecError(f"{name} changes the output distribution; bench compares lossless strategies")
-        if profile is not None and hasattr(planner, "use_costs"):  # auto's curves; OPT-Tree's μ
-            planner.use_costs(profile.model(pair.max_nodes - 1))
         actual = getattr(planner, "gamma", None) if name == "chain" else getattr(planner, "budget", None)
         key = name if budget is None else f"{name}:{budget}"
         variants.append(Variant(key, name, actual, planner, runs))
@@ -145,11 +144,13 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
     from ..prompts import load_prompts
 
     cases = load_prompts(args.prompts)
-    wanted = parse_variants(args.strategies, args.budgets, args.repeats)  # fail on typos before loading
+    parse_variants(args.strategies, args.budgets, args.repeats)  # fail on typos before loading the models
     resolved, pair = options.open_pair(args, need_draft=True)
     with pair:
+        variants = [] if args.profile else build_variants(args, resolved)  # --profile: print it, nothing else
+        cost_aware = [v.planner for v in variants if hasattr(v.planner, "use_costs")]  # auto, OPT-Tree's μ
         profile = None
-        if args.profile or args.reprofile or any(name in ("auto", "opt-tree") for name, _, _ in wanted):
+        if args.profile or args.reprofile or cost_aware:
             quick = not (args.profile or args.reprofile)
             with costs.progress_bar("cost profile") as bar:
                 profile = costs.load_or_measure(pair, refresh=args.reprofile, quick=quick, progress=bar)
@@ -158,7 +159,8 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
                 console.print(f"[dim]cached in {costs.profile_path(profile.key)}[/dim]")
             if args.profile:
                 return 0
-        variants = build_variants(args, resolved, pair, profile)
+            for planner in cost_aware:
+                planner.use_costs(profile.model(pair.max_nodes - 1))
         config = BenchConfig(
             max_tokens=args.max_tokens,
             sampling=options.sampling_params(args),
