@@ -48,6 +48,29 @@ def chain_tree(tokens: list[int]):
     return tree.freeze()
 
 
+def greedy_steps(pair, planner, text: str, max_tokens: int = MAX_TOKENS) -> list:
+    """Greedy generation of ``text`` with ``planner``, checking the structural exactness of every step:
+    token k of a step is the argmax of the verify row of the k-th node of its accepted path (for
+    mcsd-target-init, row 0 is the root's own decode). Returns the steps that verified a tree."""
+    rows_argmax: list[np.ndarray] = []
+    original = pair.target.verify
+
+    def recording_verify(tree, *args):
+        layout, rows = original(tree, *args)
+        rows_argmax.append(rows.argmax(axis=1))
+        return layout, rows
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pair.target, "verify", recording_verify)
+        request = Request(prompt=chat_prompt(pair, text), max_tokens=max_tokens)
+        events = [e for e in generate(pair, planner, request) if e.verified_nodes]
+    assert len(events) == len(rows_argmax)
+    for event, argmax in zip(events, rows_argmax):
+        for k, token in enumerate(event.tokens):
+            assert token.id == argmax[event.accepted_path[k]]
+    return events
+
+
 def decode_one_by_one(pair, prefix: list[int], tokens: list[int]) -> np.ndarray:
     """Rows of ``tokens`` decoded one token per llama_decode after ``prefix`` (single-token numerics)."""
     pair.target.sync(prefix)

@@ -29,6 +29,21 @@ C1 = 0.057  # seconds: the bundled target's single-token decode on the 2-core CP
 CPU = CostModel.from_functions(lambda n: C1 * n, lambda n: 0.029 * n)
 
 
+def _verified(tree: DraftTree, accepted: int, draft_seconds: float, verify_seconds: float) -> StepEvent:
+    """What the loop reports after verifying ``tree`` with ``accepted`` draft tokens taken."""
+    return StepEvent(
+        tokens=(EmittedToken(1, Provenance.TARGET, 1.0),) * (accepted + 1),
+        text="",
+        drafted=tree.size - 1,
+        accepted=accepted,
+        timings=StepTimings(draft=draft_seconds, verify=verify_seconds),
+        tree=tree,
+        verified_nodes=tree.size,
+        draft_decodes=tree.stats.draft_decodes,
+        expected_accept=tree.stats.expected_accept,
+    )
+
+
 def memory_bound(jump: float = 2.5, draft: float = 0.002) -> CostModel:
     """CUDA-like: verifying up to 8 tokens costs one decode; 9 and more jump (MMVQ → MMQ)."""
     return CostModel.from_functions(
@@ -133,22 +148,10 @@ def test_poor_acceptance_turns_auto_off_then_probes_within_budget():
     for _ in range(3000):
         tree = planner.plan(7, drafter, ctx())
         modes.append(planner._mode)
-        drafted = tree.size - 1
         drafting = 0.004 * tree.stats.draft_decodes  # as profiled: the cost factors stay near 1
         verify = float(costs.t(tree.size))
         seconds = drafting + verify
-        event = StepEvent(
-            tokens=(EmittedToken(1, Provenance.TARGET, 1.0),),  # every draft token rejected: one token
-            text="",
-            drafted=drafted,
-            accepted=0,
-            timings=StepTimings(draft=drafting, verify=verify),
-            tree=tree,
-            verified_nodes=tree.size,
-            draft_decodes=tree.stats.draft_decodes,
-            expected_accept=tree.stats.expected_accept,
-        )
-        planner.observe(event)
+        planner.observe(_verified(tree, 0, drafting, verify))  # every draft token rejected: one token
         total += seconds
         lost += seconds - plain_step
     assert planner.ratio < 0.2  # it learned that the draft is wrong
@@ -173,18 +176,7 @@ def test_a_profile_that_flatters_batches_is_corrected_by_measurements():
         verify = c1 * tree.size  # compute-bound reality
         drafting = 0.001 * tree.stats.draft_decodes
         accepted = min(tree.size - 1, 2)
-        event = StepEvent(
-            tokens=(EmittedToken(1, Provenance.TARGET, 1.0),) * (accepted + 1),
-            text="",
-            drafted=tree.size - 1,
-            accepted=accepted,
-            timings=StepTimings(draft=drafting, verify=verify),
-            tree=tree,
-            verified_nodes=tree.size,
-            draft_decodes=tree.stats.draft_decodes,
-            expected_accept=tree.stats.expected_accept,
-        )
-        planner.observe(event)
+        planner.observe(_verified(tree, accepted, drafting, verify))
         if len(modes) > 1:
             total += verify + drafting
             lost += verify + drafting - (accepted + 1) * c1

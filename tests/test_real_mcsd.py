@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 import pytest
-from realmodels import BUNDLED_PAIR, chat_prompt, first_divergence
+from realmodels import BUNDLED_PAIR, chat_prompt, first_divergence, greedy_steps
 
 from edgespec.decoder import Request, generate
 from edgespec.planner.earlystop import DecisionModel
@@ -31,35 +31,13 @@ PLANNERS = {
 }
 
 
-def _greedy_run(pair, planner, text, monkeypatch, max_tokens=TOKENS):
-    """Run and check the structural exactness: token k of a step is the argmax of the verify row of
-    the k-th node of the accepted path (for target-init, row 0 is the root's own decode)."""
-    rows_argmax: list[np.ndarray] = []
-    original = pair.target.verify
-
-    def recording_verify(tree, *args):
-        layout, rows = original(tree, *args)
-        rows_argmax.append(rows.argmax(axis=1))
-        return layout, rows
-
-    monkeypatch.setattr(pair.target, "verify", recording_verify)
-    request = Request(prompt=chat_prompt(pair, text), max_tokens=max_tokens)
-    events = [e for e in generate(pair, planner, request) if e.verified_nodes]
-    monkeypatch.undo()
-    assert len(events) == len(rows_argmax)
-    for event, argmax in zip(events, rows_argmax):
-        for k, token in enumerate(event.tokens):
-            assert token.id == argmax[event.accepted_path[k]]
-    return events
-
-
 @pytest.mark.parametrize("name", list(PLANNERS))
-def test_greedy_equals_plain_decoding(pair, plain_runs, batch_noise, name, monkeypatch):
+def test_greedy_equals_plain_decoding(pair, plain_runs, batch_noise, name):
     flips = steps = accepted = 0
     agreements = []
     for text in PROMPTS:
         plain_tokens, plain_margins = plain_runs[text]
-        events = _greedy_run(pair, PLANNERS[name](), text, monkeypatch)
+        events = greedy_steps(pair, PLANNERS[name](), text, max_tokens=TOKENS)
         tokens = [t.id for e in events for t in e.tokens]
         steps += len(events)
         accepted += sum(e.accepted for e in events)
@@ -96,7 +74,7 @@ def test_sampling_at_temperature_stays_coherent(pair):
     assert sum(e.accepted for e in events) > 0
 
 
-def test_tune_trains_stores_and_the_model_runs(pair, plain_runs, batch_noise, tmp_path, monkeypatch):
+def test_tune_trains_stores_and_the_model_runs(pair, plain_runs, batch_noise, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in ENGINE_PROMPTS[3:6]))
     output = tmp_path / "model.npz"
@@ -113,7 +91,7 @@ def test_tune_trains_stores_and_the_model_runs(pair, plain_runs, batch_noise, tm
     # The stored model drives early stopping on the real pair; the output stays plain decoding's.
     planner = MCSDPlanner(k_config=K_CONFIG, early_stop="model", model=DecisionModel.load(output))
     text = PROMPTS[0]
-    events = _greedy_run(pair, planner, text, monkeypatch, max_tokens=24)
+    events = greedy_steps(pair, planner, text, max_tokens=24)
     tokens = [t.id for e in events for t in e.tokens]
     plain_tokens, plain_margins = plain_runs[text]
     if first_divergence(tokens, plain_tokens, plain_margins, batch_noise, f"mcsd model, {text!r}") is None:
