@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from importlib import import_module
 
 from . import __version__
@@ -24,7 +25,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _note(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings meant for users (e.g. the AMX guard) as one plain line, not a source excerpt."""
+    print(f"edgespec: note: {message}", file=file or sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
+    warnings.showwarning = _note
     parser = build_parser()
     args = parser.parse_args(argv)
     if not args.command:

@@ -9,7 +9,9 @@ PYTHON=${PYTHON:-python3}
 # shellcheck disable=SC1091
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
-# llama-cpp-python builds from source on first install (~9 minutes on 2 cores); pip caches the wheel.
+# llama-cpp-python with explicit CPU flags, never -march=native nor AMX (its AMX kernels crash on
+# Sapphire Rapids): built from source the first time (~9 minutes on 2 cores), cached by flags.
+python scripts/install_llama.py
 python -m pip install -q -e '.[test,bundled]'
 if [ "${1:-}" = "--quick" ]; then
     shift

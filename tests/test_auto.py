@@ -194,6 +194,19 @@ def test_no_cost_profile_means_plain_decoding():
     assert "probe_budget" in PARAM_NAMES
 
 
+def test_describe_says_what_auto_is_doing_now():
+    """The chat's status bar shows describe(): no profile, can never pay, plain now, speculating N."""
+    assert AutoPlanner().describe() == "no cost profile yet: plain decoding"
+    cpu = AutoPlanner(budget=8, costs=CPU)
+    cpu.plan(3, confident(), ctx())
+    assert cpu.describe() == "plain: speculation cannot pay on this machine"
+    gpu = AutoPlanner(budget=8, costs=memory_bound(jump=1.05, draft=0.0005))
+    assert gpu.describe().startswith("budget≤8")  # nothing decided yet
+    tree = gpu.plan(3, confident(), ctx())
+    assert gpu._mode == SPECULATE and gpu.describe().startswith(f"speculating {tree.size - 1} tokens")
+    assert "speculated 100% of steps" in gpu.describe()
+
+
 @pytest.mark.parametrize("sampling", [False, True])
 @pytest.mark.parametrize("budget,max_nodes", [(32, 65), (5, 65), (32, 6)])
 def test_trees_are_valid_and_within_caps(sampling, budget, max_nodes):

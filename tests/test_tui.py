@@ -189,6 +189,36 @@ def test_partial_answer_is_saved_while_streaming(tmp_path, monkeypatch):
 
 
 # -- strategy, pair, settings -------------------------------------------------------------------------
+def test_status_bar_says_what_auto_is_doing(tmp_path):
+    """Before the profile, while measuring it, then plain and speculating: the label follows auto."""
+
+    async def scenario():
+        backend = FakeBackend(delay=0.05, repeat=3)
+        app = make_app(tmp_path, backend)
+        async with app.run_test(size=SIZE) as pilot:
+            chat = await ready(pilot)
+            engine = backend.engines[-1]
+            engine.profile_gate.clear()  # hold the measurement so it can be seen
+            assert chat.set_strategy(StrategyChoice("auto", {"budget": 6}), chosen=True)
+            assert chat.status.strategy == "auto no cost profile yet: plain decoding"
+            await send(pilot, "hello", wait=False)
+            await wait_until(pilot, lambda: "measuring the cost profile 1/3" in chat.status.strategy,
+                             what="the measuring label")
+            engine.profile_gate.set()
+            seen = set()
+
+            def label_seen() -> bool:
+                seen.add(chat.status.strategy)
+                return chat.gen is None
+
+            await wait_until(pilot, label_seen, what="the answer")
+            assert "auto plain now" in seen, seen
+            assert chat.status.strategy == "auto speculating 6 tokens"  # refreshed at the end too
+            assert str(chat.status.status_text()).count("auto speculating 6 tokens") == 1
+
+    run(scenario())
+
+
 def test_switch_strategy_from_the_command_palette(tmp_path):
     async def scenario():
         app = make_app(tmp_path)

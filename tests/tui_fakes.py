@@ -23,7 +23,8 @@ from edgespec.planner.tree import ChildRule, PlanStats, SparseDist, TreeBuilder
 from tui.backend import LoadedPair, StrategyChoice
 
 ACCEPT_PATTERN = (3, 1, 0, 2, 4)  # draft tokens accepted in successive steps (capped by the budget)
-STRATEGIES = ("none", "chain", "tsd", "gsd", "mcsd-target-init")
+STRATEGIES = ("none", "chain", "tsd", "gsd", "mcsd-target-init", "auto")
+PROFILE_STEPS = 3  # the fake auto's "cost profile" measurement, in progress reports
 
 
 def canned_answer(question: str, repeat: int = 1) -> str:
@@ -44,9 +45,10 @@ class FakePlanner:
     name: str
     budget: int = 4
     lossy: bool = False
+    state: str = ""  # auto: what it is doing now (set by the fake engine, as the real auto sets its own)
 
     def describe(self) -> str:
-        return f"budget={self.budget}"
+        return self.state or f"budget={self.budget}"
 
 
 class FakeEngine:
@@ -65,6 +67,9 @@ class FakeEngine:
         self.streams = 0
         self.last_messages: list[Message] = []
         self.lock = threading.Lock()
+        self.profiled = False  # auto's cost profile, measured by the first answer that uses auto
+        self.profile_gate = threading.Event()  # measuring waits for this (tests watch the status bar)
+        self.profile_gate.set()
 
     def token(self, piece: str) -> int:
         with self.lock:
@@ -81,6 +86,15 @@ class FakeEngine:
 
     def close(self) -> None:
         self.closed = True
+
+    def prepare(self, planner, on_progress) -> None:
+        if planner is None or planner.name != "auto" or self.profiled:
+            return
+        for done in range(1, PROFILE_STEPS + 1):
+            on_progress("cost profile", done, PROFILE_STEPS)
+            self.profile_gate.wait(10)
+        self.profiled = True
+        planner.state = "plain now"
 
     def stream(
         self,
@@ -112,7 +126,9 @@ class FakeEngine:
                 yield _finish("context")
                 return
             time.sleep(self.delay)
-            if planner is None:
+            if planner is not None and planner.name == "auto":  # plain for two steps, then speculating
+                planner.state = "plain now" if step < 2 else f"speculating {planner.budget} tokens"
+            if planner is None or (planner.name == "auto" and step < 2):
                 event = self._plain_step(answer[pos])
             else:
                 accept = min(
@@ -239,7 +255,10 @@ class FakeBackend:
             return None
         if choice.name not in self.strategies:
             raise EdgespecError(f"unknown strategy {choice.name!r}")
-        return FakePlanner(choice.name, choice.budget or 4, lossy=choice.name == "mcsd-target-init")
+        planner = FakePlanner(choice.name, choice.budget or 4, lossy=choice.name == "mcsd-target-init")
+        if choice.name == "auto":  # as the real auto says before the pair's cost profile is attached
+            planner.state = "no cost profile yet: plain decoding"
+        return planner
 
 
 __all__ = ["ContextFullError", "FakeBackend", "FakeEngine", "FakePlanner", "canned_answer", "split_pieces"]

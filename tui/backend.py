@@ -61,6 +61,11 @@ class ChatEngine(Protocol):
         """Tokens in the target's cache (prompt + answer so far)."""
         ...
 
+    def prepare(self, planner: Planner | None, on_progress: LoadCallback) -> None:
+        """Give ``planner`` what it needs from this pair before it drafts (auto, OPT-Tree: the pair's
+        cost profile, measured here the first time). Runs in the generation worker."""
+        ...
+
     def stream(
         self,
         planner: Planner | None,
@@ -110,13 +115,17 @@ class PairEngine:
     def context_used(self) -> int:
         return len(self.pair.target.committed)
 
-    def stream(self, planner, messages, settings, cancel, stats) -> Iterator[StepEvent]:
-        from edgespec.chat import stream_reply
+    def prepare(self, planner, on_progress: LoadCallback) -> None:
         from edgespec.costs import attach
 
         if planner is not None and id(planner) not in self._with_costs:
-            attach(planner, self.pair)  # auto, OPT-Tree: this pair's cost profile (measured once, here)
+            # auto, OPT-Tree: this pair's cost profile (measured once per pair and machine, cached)
+            attach(planner, self.pair, progress=lambda what, done, total: on_progress(what, done, total))
             self._with_costs.add(id(planner))
+
+    def stream(self, planner, messages, settings, cancel, stats) -> Iterator[StepEvent]:
+        from edgespec.chat import stream_reply
+
         return stream_reply(self.pair, planner, messages, settings, cancel=cancel, stats=stats)
 
     def close(self) -> None:

@@ -72,6 +72,17 @@ class TreeUpdated(GenerationMessage):
         return isinstance(message, TreeUpdated)
 
 
+class StrategyStatus(GenerationMessage):
+    """What the strategy is doing now (auto: measuring its cost profile, plain, speculating N)."""
+
+    def __init__(self, gen_id: int, label: str) -> None:
+        super().__init__(gen_id)
+        self.label = label
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, StrategyStatus)
+
+
 class GenerationEnded(GenerationMessage):
     def __init__(self, gen_id: int, finish_reason: str, stats: dict) -> None:
         super().__init__(gen_id)

@@ -225,6 +225,18 @@ class ChatStore:
             if row:
                 self._touch(row[0], now)
 
+    def mark_cut_off(self) -> int:
+        """Answers still marked as streaming were cut off by a crash or a kill: say so (once, at start).
+
+        They keep ``complete = 0`` and what was saved of their text; ``finish_reason`` becomes
+        'interrupted'. Returns how many there were."""
+        with self._transaction():
+            cursor = self._db.execute(
+                "UPDATE messages SET finish_reason = 'interrupted' "
+                "WHERE role = 'assistant' AND complete = 0 AND finish_reason IS NULL"
+            )
+        return cursor.rowcount
+
     def delete_message(self, message_id: int) -> None:
         with self._transaction():
             self._db.execute("DELETE FROM messages WHERE id = ?", (message_id,))

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 
 import llama_cpp as C
 import numpy as np
@@ -34,6 +37,64 @@ def _SILENT_LOG(level, text, user_data):  # noqa: N802 - a C callback object
         print(text.decode("utf-8", errors="replace"), end="", flush=True)
 
 
+class EngineWarning(UserWarning):
+    """Something the user should know about the native backend (printed once as a note)."""
+
+
+class _Exclusive:
+    """One caller at a time. llama.cpp's model and context objects are not thread-safe: two threads
+    decoding (or one decoding while another frees) corrupt memory. A second caller gets an
+    ``EngineError`` at once instead — a misuse becomes a message, not a segfault."""
+
+    def __init__(self, what: str):
+        self.what = what
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> None:
+        if not self._lock.acquire(blocking=False):
+            raise EngineError(
+                f"{self.what} is already in use by another thread: one model pair serves one generation at "
+                "a time. This is an edgespec bug: please report it with what you were doing."
+            )
+
+    def __exit__(self, *exc) -> None:
+        self._lock.release()
+
+
+def cpu_flags() -> set[str]:
+    """The instruction-set flags of this CPU (Linux /proc/cpuinfo; empty elsewhere)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def amx_crash_risk(flags: set[str], info: str) -> bool:
+    """True when this llama.cpp build has its AMX matmul compiled in *and* the CPU has AMX: the
+    combination whose AMX buffers segfault on Q4_K models (llama.cpp's ``ggml_backend_amx_mul_mat``
+    on Sapphire Rapids and later). Builds from ``scripts/install_llama.py`` never compile AMX."""
+    return "AMX_INT8 = 1" in info and bool({"amx_int8", "amx_tile"} & flags)
+
+
+@cache
+def amx_guard() -> bool:
+    """Whether to keep llama.cpp's extra (AMX, repacked) weight buffers off on this machine."""
+    _ensure_backend()
+    risky = amx_crash_risk(cpu_flags(), system_info())
+    if risky:
+        warnings.warn(
+            "this llama-cpp-python was built with AMX, whose kernels crash on this CPU: weight repacking is "
+            "off (slower). Reinstall it without AMX: `python scripts/install_llama.py` (see README).",
+            EngineWarning,
+            stacklevel=3,
+        )
+    return risky
+
+
 def supports_gpu_offload() -> bool:
     return bool(C.llama_supports_gpu_offload())
 
@@ -49,8 +110,12 @@ class Model:
         _ensure_backend()
         params = C.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
-        params.use_extra_bufts = repack
+        # Extra buffer types are the repacked CPU kernels and, in an AMX build on an AMX CPU, the
+        # crashing AMX ones: off there (see amx_guard), on elsewhere unless asked otherwise.
+        self.repack = repack and not amx_guard()
+        params.use_extra_bufts = self.repack
         self.path = path
+        self._owner = _Exclusive(f"the model {os.path.basename(path)}")
         self.ptr = C.llama_model_load_from_file(path.encode("utf-8"), params)
         if not self.ptr:
             raise EngineError(
@@ -62,9 +127,15 @@ class Model:
         self.n_vocab = int(C.llama_vocab_n_tokens(self.vocab))
 
     def close(self) -> None:
-        if self.ptr:
-            C.llama_model_free(self.ptr)
-            self.ptr = None
+        with self._owner:
+            if self.ptr:
+                C.llama_model_free(self.ptr)
+                self.ptr = None
+
+    def _live(self) -> None:
+        # Vocabulary reads are thread-safe in llama.cpp (immutable after load); use after free is not.
+        if not self.ptr:
+            raise EngineError(f"the model {self.path} was already closed; load it again to continue.")
 
     # -- vocabulary -------------------------------------------------------------------------------
     @property
@@ -72,12 +143,14 @@ class Model:
         return int(C.llama_vocab_type(self.vocab))
 
     def token_text(self, token: int) -> bytes:
+        self._live()
         return C.llama_vocab_get_text(self.vocab, token) or b""
 
     def is_eog(self, token: int) -> bool:
         return bool(C.llama_vocab_is_eog(self.vocab, token))
 
     def meta(self, key: str) -> str | None:
+        self._live()
         buf = ctypes.create_string_buffer(512)
         n = C.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
         return buf.value.decode("utf-8", errors="replace") if n >= 0 else None
@@ -86,6 +159,7 @@ class Model:
         return int(C.llama_model_n_ctx_train(self.ptr))
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        self._live()
         data = text.encode("utf-8")
         cap = len(data) + 16
         buf = (C.llama_token * cap)()
@@ -97,6 +171,7 @@ class Model:
         return list(buf[:n])
 
     def piece(self, token: int, special: bool = False) -> bytes:
+        self._live()
         buf = ctypes.create_string_buffer(64)
         n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
         if n < 0:
@@ -105,10 +180,12 @@ class Model:
         return buf.raw[:n]
 
     def chat_template(self) -> str | None:
+        self._live()
         tmpl = C.llama_model_chat_template(self.ptr, None)
         return tmpl.decode("utf-8") if tmpl else None
 
     def apply_chat_template(self, messages: Sequence[dict[str, str]], add_assistant: bool = True) -> str:
+        self._live()
         tmpl = C.llama_model_chat_template(self.ptr, None)
         if not tmpl:
             raise EngineError(
@@ -167,12 +244,18 @@ class Context:
         self.memory = C.llama_get_memory(self.ptr)
         self.n_vocab = model.n_vocab
         self._batch = C.llama_batch_init(settings.n_batch, 0, settings.n_seq_max)
+        self._owner = _Exclusive(f"the llama context of {os.path.basename(model.path)}")
 
     def close(self) -> None:
-        if self.ptr:
-            C.llama_batch_free(self._batch)
-            C.llama_free(self.ptr)
-            self.ptr = None
+        with self._owner:
+            if self.ptr:
+                C.llama_batch_free(self._batch)
+                C.llama_free(self.ptr)
+                self.ptr = None
+
+    def _live(self) -> None:
+        if not self.ptr:  # a NULL context would crash in C: say what happened instead
+            raise EngineError("the model pair was already closed; load it again to continue.")
 
     # -- decoding ---------------------------------------------------------------------------------
     def decode(
@@ -186,6 +269,14 @@ class Context:
         n = len(tokens)
         if n > self.settings.n_batch:
             raise EngineError(f"a batch of {n} tokens exceeds n_batch={self.settings.n_batch}")
+        with self._owner:
+            self._live()
+            rc = self._fill_and_decode(tokens, positions, seq_ids, want_logits)
+        if rc != 0:
+            raise EngineError(_decode_failure(rc, n, self.n_ctx))
+
+    def _fill_and_decode(self, tokens, positions, seq_ids, want_logits) -> int:
+        n = len(tokens)
         batch = self._batch
         for i in range(n):
             batch.token[i] = tokens[i]
@@ -197,37 +288,55 @@ class Context:
                 row[j] = s
             batch.logits[i] = want_logits[i]
         batch.n_tokens = n
-        rc = C.llama_decode(self.ptr, batch)
-        if rc != 0:
-            raise EngineError(_decode_failure(rc, n, self.n_ctx))
+        return C.llama_decode(self.ptr, batch)
 
     def logits_rows(self, n_rows: int) -> np.ndarray:
-        """Zero-copy (n_rows, V) view of the output rows of the last decode, in batch order of the
-        tokens flagged for output. Valid only until the next decode."""
-        ptr = C.llama_get_logits(self.ptr)
-        return np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_vocab))
+        """Zero-copy, read-only (n_rows, V) view of the output rows of the last decode, in batch order
+        of the tokens flagged for output.
+
+        Lifetime: valid only until this context's next ``decode`` (llama.cpp reuses, and may
+        reallocate, the buffer) or ``close``. Whoever keeps rows longer must ``.copy()`` them; in
+        edgespec every row is reduced (argmax, top-K, dense p) before the next decode, except the
+        target-root row of mcsd-target-init, which the decoder copies."""
+        with self._owner:
+            self._live()
+            ptr = C.llama_get_logits(self.ptr)
+            view = np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_vocab))
+        view.flags.writeable = False
+        return view
 
     # -- KV memory --------------------------------------------------------------------------------
     def seq_rm(self, seq: int, p0: int, p1: int = -1) -> None:
         """Remove ``seq`` from the cells at positions [p0, p1) (seq < 0: every sequence)."""
-        if not C.llama_memory_seq_rm(self.memory, seq, p0, p1):
+        with self._owner:
+            self._live()
+            removed = C.llama_memory_seq_rm(self.memory, seq, p0, p1)
+        if not removed:
             raise EngineError(f"llama.cpp refused to remove positions {p0}..{p1} of sequence {seq}")
 
     def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
         """Tag the cells of ``src`` at positions [p0, p1) with ``dst`` too (no data is copied)."""
-        C.llama_memory_seq_cp(self.memory, src, dst, p0, p1)
+        with self._owner:
+            self._live()
+            C.llama_memory_seq_cp(self.memory, src, dst, p0, p1)
 
     def seq_pos_max(self, seq: int) -> int:
-        return int(C.llama_memory_seq_pos_max(self.memory, seq))
+        with self._owner:
+            self._live()
+            return int(C.llama_memory_seq_pos_max(self.memory, seq))
 
     def seq_state_bytes(self, seq: int) -> int:
         """Size of ``seq``'s saved state: a header plus a fixed amount per cell tagged with ``seq``,
         so two caches agree on it exactly when they hold the same number of cells for ``seq`` (a
         numerics-free check of the KV bookkeeping)."""
-        return int(C.llama_state_seq_get_size(self.ptr, seq))
+        with self._owner:
+            self._live()
+            return int(C.llama_state_seq_get_size(self.ptr, seq))
 
     def clear(self) -> None:
-        C.llama_memory_clear(self.memory, True)
+        with self._owner:
+            self._live()
+            C.llama_memory_clear(self.memory, True)
 
 
 def _decode_failure(rc: int, n_tokens: int, n_ctx: int) -> str:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import PairingError
-from ._llama import LLAMA_MAX_SEQ, Context, ContextSettings, Model
+from ._llama import LLAMA_MAX_SEQ, Context, ContextSettings, Model, amx_guard, system_info
+from .probe import ensure_backend_works
 from .runners import Draft, Target
 
 
@@ -52,6 +53,10 @@ class ModelPair:
             raise
 
     def _load(self, path: str, gpu_layers: int) -> Model:
+        # A crashing native kernel would kill this process: try it in a child first (once per build,
+        # CPU and file; cached).
+        repack = self.settings.repack and not amx_guard()
+        ensure_backend_works(path, repack, gpu_layers, system_info())
         model = Model(path, n_gpu_layers=gpu_layers, repack=self.settings.repack)
         self._models.append(model)
         return model

@@ -286,6 +286,7 @@ class AutoPlanner:
     _plain_verify: float | None = field(default=None, repr=False)  # measured plain decode (EMA)
     _draft_predicted: float = field(default=0.0, repr=False)  # last step's profiled drafting seconds
     _mode: str = field(default=PLAIN, repr=False)
+    _last_drafted: int = field(default=0, repr=False)  # draft tokens of the last speculative step
     _forecast: _Choice | None = field(default=None, repr=False)
     _ceiling_ok: bool | None = field(default=None, repr=False)
     _plain: float = field(default=0.0, repr=False)
@@ -317,11 +318,21 @@ class AutoPlanner:
         return self.accepted / self.predicted
 
     def describe(self) -> str:
+        """What auto is doing now (shown live in the chat's status bar) and how often it speculated."""
         if self.costs is None:
-            return "no cost profile: plain decoding"
-        total = sum(self.steps.values()) or 1
+            return "no cost profile yet: plain decoding"
+        if self._ceiling_ok is False:
+            return "plain: speculation cannot pay on this machine"
+        total = sum(self.steps.values())
+        if total == 0:
+            return f"budget≤{self.budget}, deciding per step"
         share = (self.steps[SPECULATE] + self.steps[PROBE]) / total
-        return f"budget≤{self.budget} r={self.ratio:.2f} speculating {share:.0%} of steps"
+        now = {
+            PLAIN: "plain now",
+            SPECULATE: f"speculating {self._last_drafted} tokens",
+            PROBE: f"probing {self._last_drafted} tokens",
+        }[self._mode]
+        return f"{now} (budget≤{self.budget}, r={self.ratio:.2f}, speculated {share:.0%} of steps)"
 
     # -- the decision -----------------------------------------------------------------------------
     def decide(self, pending: int, cap: int) -> str:
@@ -406,6 +417,7 @@ class AutoPlanner:
         for c in cand[: final.m - (tree.size - 1)]:
             self._add(tree, c)
         self._draft_predicted = spent / self.draft_factor
+        self._last_drafted = tree.size - 1
         stats = PlanStats(
             draft_decodes=decodes,
             drafted_nodes=evaluated,

@@ -114,9 +114,20 @@ class ChatScreen(Screen):
 
     def on_mount(self) -> None:
         self.query_one(DraftTreePanel).display = False
+        self._guard(self._mark_cut_off)
         self.refresh_sidebar()
         self.query_one(PromptInput).focus()
         self.load_pair(self.requested_pair)
+
+    def _mark_cut_off(self) -> None:
+        cut = self.store.mark_cut_off()
+        if cut:
+            self.notify(
+                f"{cut} answer{'s were' if cut > 1 else ' was'} cut off when edgespec stopped last time; "
+                "what had been written is kept and marked 'cut off' (ctrl+r regenerates).",
+                severity="warning",
+                timeout=12,
+            )
 
     @property
     def log_view(self) -> ChatLog:
@@ -236,10 +247,7 @@ class ChatScreen(Screen):
 
     @property
     def strategy_label(self) -> str:
-        if self.planner is None:
-            return "none (plain decoding)"
-        described = self.planner.describe()
-        return f"{self.planner.name} {described}".strip()
+        return strategy_label(self.planner)
 
     # -- sending and generating -----------------------------------------------------------------------
     @on(PromptInput.Submitted)
@@ -299,7 +307,13 @@ class ChatScreen(Screen):
         stats, rate = GenerationStats(), RollingRate()
         post = self.post_message
         last_ui, last_tree, finish = 0.0, None, "stop"
+        label = ""
+
+        def measuring(what: str, done: int, total: int) -> None:
+            post(msg.StrategyStatus(gen_id, f"{planner.name}: measuring the cost profile {done}/{total}"))
+
         try:
+            engine.prepare(planner, measuring)
             for event in engine.stream(planner, history, settings, cancel, stats):
                 spans = provenance_spans(event, engine.piece)
                 if spans:
@@ -313,6 +327,9 @@ class ChatScreen(Screen):
                 if event.finish_reason or now - last_ui >= UI_INTERVAL:
                     last_ui = now
                     post(msg.StatsUpdated(gen_id, stats_snapshot(stats, rate, engine.context_used())))
+                    if planner is not None and label != (now := strategy_label(planner)):
+                        label = now
+                        post(msg.StrategyStatus(gen_id, label))
                     if last_tree is not None:
                         post(msg.TreeUpdated(gen_id, tree_snapshot(last_tree, engine.piece)))
                         last_tree = None
@@ -346,6 +363,11 @@ class ChatScreen(Screen):
     def _stats_updated(self, event: msg.StatsUpdated) -> None:
         if self._current(event) is not None:
             self.status.set(stats=event.stats)
+
+    @on(msg.StrategyStatus)
+    def _strategy_status(self, event: msg.StrategyStatus) -> None:
+        if self._current(event) is not None:
+            self.status.set(strategy=event.label)
 
     @on(msg.TreeUpdated)
     def _tree_updated(self, event: msg.TreeUpdated) -> None:
@@ -382,7 +404,7 @@ class ChatScreen(Screen):
         gen.answer.finish(meta)
         if finish != "error" or gen.answer.text or gen.message_id is not None:
             self._guard(lambda: self._save(gen, complete=True, stats=stats, finish=finish))
-        self.status.set(state="ready")
+        self.status.set(state="ready", strategy=self.strategy_label)
         self.refresh_sidebar()
 
     def _save(
@@ -657,3 +679,10 @@ class ChatScreen(Screen):
 
 def _bind(function, value):
     return lambda: function(value)
+
+
+def strategy_label(planner) -> str:
+    """The status bar's strategy field: name and what it is doing (auto's changes as it runs)."""
+    if planner is None:
+        return "none (plain decoding)"
+    return f"{planner.name} {planner.describe()}".strip()

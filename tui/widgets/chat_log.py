@@ -158,8 +158,8 @@ def answer_meta(
         "context": "context full",
         "error": "failed",
     }
-    if not complete:
-        parts.append("interrupted")
+    if not complete:  # never finished: still streaming, or cut off by a crash ('interrupted')
+        parts.append("cut off: edgespec stopped while writing" if finish == "interrupted" else "interrupted")
     elif finish in notes:
         parts.append(notes[finish])
     return " · ".join(parts)
