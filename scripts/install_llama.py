@@ -100,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--print-args", action="store_true", help="print the CMAKE_ARGS and exit")
     parser.add_argument("--wheel-dir", type=Path, help="also copy the wheel here")
     parser.add_argument("--rebuild", action="store_true", help="ignore the cached wheel")
+    parser.add_argument("--no-install", action="store_true", help="build (or find) the wheel only")
     opts = parser.parse_args(argv)
 
     if platform.machine() not in ("x86_64", "AMD64"):
@@ -121,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         wheel = wheels[0]
         print(f"using the cached llama-cpp-python wheel built with the same flags: {wheel}")
+    if opts.no_install:
+        print(wheel)
+        return 0
     pip = [sys.executable, "-m", "pip", "install", "-q", "--no-cache-dir"]
     subprocess.run([*pip, "--no-deps", "--force-reinstall", str(wheel)], check=True)  # this exact build
     subprocess.run([*pip, str(wheel)], check=True)  # and whatever it needs (numpy, diskcache, jinja2)

@@ -10,8 +10,9 @@ PYTHON=${PYTHON:-python3}
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
 # llama-cpp-python with explicit CPU flags, never -march=native nor AMX (its AMX kernels crash on
-# Sapphire Rapids): built from source the first time (~9 minutes on 2 cores), cached by flags.
-python scripts/install_llama.py
+# Sapphire Rapids): built from source the first time (~9 minutes on 2 cores), cached by flags. The
+# portable (AVX2) build, so that one wheel serves both the tests and the single binary built below.
+python scripts/install_llama.py --portable
 python -m pip install -q -e '.[test,bundled]'
 if [ "${1:-}" = "--quick" ]; then
     shift
@@ -19,4 +20,10 @@ if [ "${1:-}" = "--quick" ]; then
 fi
 ruff check edgespec tui tests scripts
 edgespec models pull qwen2.5-coder-1.5b+0.5b
-python -m pytest -q -rs "$@"
+# The single binary (tests/test_binary.py); its no-Python chroot test needs a static busybox.
+if [ "$(id -u)" = 0 ] && ! command -v busybox >/dev/null; then
+    (apt-get update -qq && apt-get install -y -qq busybox-static) >/dev/null 2>&1 ||
+        echo "busybox-static not installed: the chroot test will skip"
+fi
+python scripts/build_binary.py
+EDGESPEC_BINARY="$PWD/dist/edgespec" python -m pytest -q -rs "$@"

@@ -1,6 +1,6 @@
 """The only package that imports llama_cpp: contexts, tree batches, KV bookkeeping, logits views."""
 
-from ._llama import ContextSettings, Model, supports_gpu_offload, system_info
+from ._llama import ContextSettings, Model, backend_versions, supports_gpu_offload, system_info
 from .pair import EngineSettings, ModelPair, check_pairing
 from .runners import Draft, Target
 
@@ -10,6 +10,7 @@ __all__ = [
     "EngineSettings",
     "Model",
     "ModelPair",
+    "backend_versions",
     "Target",
     "check_pairing",
     "supports_gpu_offload",

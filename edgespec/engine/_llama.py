@@ -99,6 +99,25 @@ def supports_gpu_offload() -> bool:
     return bool(C.llama_supports_gpu_offload())
 
 
+def backend_versions() -> list[str]:
+    """llama-cpp-python and llama.cpp versions and the CPU features compiled into this build."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        binding = version("llama-cpp-python")
+    except PackageNotFoundError:  # a frozen binary carries the module, not its metadata
+        binding = getattr(C, "__version__", "?")
+    _ensure_backend()
+    llama = C.llama_version().decode() if hasattr(C, "llama_version") else "?"
+    # system info reads "CPU : SSE3 = 1 | AVX = 1 | ... |": the names of the features set to 1
+    features = [f.split("=")[0].split(":")[-1].strip() for f in system_info().split("|") if "= 1" in f]
+    gpu = "GPU offload available" if supports_gpu_offload() else "CPU only"
+    lines = [f"llama-cpp-python {binding} (llama.cpp {llama})", f"backend: {gpu}; CPU: {' '.join(features)}"]
+    if amx_crash_risk(cpu_flags(), system_info()):
+        lines.append("warning: AMX compiled in on an AMX CPU: repacking is kept off (see README, Install)")
+    return lines
+
+
 def system_info() -> str:
     return C.llama_print_system_info().decode("utf-8", errors="replace")
 

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 from ..errors import PairingError
 from ._llama import LLAMA_MAX_SEQ, Context, ContextSettings, Model, amx_guard, system_info
-from .probe import ensure_backend_works
 from .runners import Draft, Target
 
 
@@ -55,6 +54,8 @@ class ModelPair:
     def _load(self, path: str, gpu_layers: int) -> Model:
         # A crashing native kernel would kill this process: try it in a child first (once per build,
         # CPU and file; cached).
+        from .probe import ensure_backend_works  # imported late: the probe is also `python -m` run
+
         repack = self.settings.repack and not amx_guard()
         ensure_backend_works(path, repack, gpu_layers, system_info())
         model = Model(path, n_gpu_layers=gpu_layers, repack=self.settings.repack)

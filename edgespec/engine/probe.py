@@ -67,13 +67,20 @@ def ensure_backend_works(
     marker = (home or home_dir()) / "probes" / f"{key}.ok"
     if marker.exists():
         return
-    command = [sys.executable, "-m", "edgespec.engine.probe", model_path, "--gpu-layers", str(gpu_layers)]
+    command = [*_probe_command(), model_path, "--gpu-layers", str(gpu_layers)]
     if not repack:
         command.append("--no-repack")
     if not run_probe(command, model_path):
         return  # an ordinary failure (a bad file, say): loading in-process reports it in its own words
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text(json.dumps({"model": model_path, "repack": repack, "gpu_layers": gpu_layers}) + "\n")
+
+
+def _probe_command() -> list[str]:
+    """The child: this package's module, or the single binary itself (which has no ``-m``)."""
+    if getattr(sys, "frozen", False):
+        return [sys.executable, "--engine-probe"]
+    return [sys.executable, "-m", "edgespec.engine.probe"]
 
 
 def run_probe(command: list[str], model_path: str, timeout: float = PROBE_TIMEOUT) -> bool:
@@ -98,7 +105,7 @@ def run_probe(command: list[str], model_path: str, timeout: float = PROBE_TIMEOU
     )
 
 
-def _child(argv: list[str] | None = None) -> int:
+def child(argv: list[str] | None = None) -> int:
     """Load, decode one token, then one batch of BATCH tokens; exit 0 if llama.cpp survived."""
     parser = argparse.ArgumentParser(prog="python -m edgespec.engine.probe")
     parser.add_argument("model")
@@ -124,4 +131,4 @@ def _child(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_child())
+    sys.exit(child())

@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""Build ``dist/edgespec``: edgespec as one self-contained executable (PyInstaller ``--onefile``).
+
+It freezes the Python environment it runs in: CPython, edgespec and its TUI (CSS included), numpy,
+Textual, Rich, huggingface_hub, platformdirs, and llama-cpp-python with its native libraries
+(``llama_cpp/lib/*.so``: llama-cpp-python has no PyInstaller hook, and without them a frozen app
+fails with "Shared library with base name 'llama' not found"). For a binary that runs on any x86-64
+CPU with AVX2, that environment's llama-cpp-python must be the portable build
+(``python scripts/install_llama.py --portable``, which scripts/test.sh uses); this script refuses
+a build with instruction sets beyond AVX2 unless ``--allow-non-portable``.
+
+Layout, chosen by measured start-up time (docs/benchmarks.md, "Single binary"): PyInstaller's own
+``--onefile`` unpacks ~140 MB on every start (~1 s before anything runs), so the app is frozen as a
+folder (``--onedir``) and shipped inside one file: a short POSIX ``sh`` launcher followed by the
+folder as a tar.gz. The first start unpacks it into ``${XDG_CACHE_HOME:-~/.cache}/edgespec/binary/<id>``
+(``EDGESPEC_UNPACK_DIR`` overrides), later starts exec it from there (the launcher costs a ``test -x``).
+It needs only ``sh``, ``tail``, ``tar`` and ``gzip``, which every Linux has.
+
+    python scripts/build_binary.py [--out dist] [--allow-non-portable]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PYINSTALLER = "pyinstaller==6.22.3"
+BEYOND_AVX2 = ("AVX512", "AVX_VNNI", "AMX")  # compiled-in features an AVX2-only CPU lacks
+# Installed in a dev environment but never used by the app: keep them out of the binary.
+EXCLUDED = ("matplotlib", "PIL", "pytest", "_pytest", "torch", "gguf", "tkinter", "IPython", "pandas")
+ENTRY = "import sys\nfrom edgespec.cli import main\nsys.exit(main())\n"
+
+
+def llama_lib_dir() -> Path:
+    import llama_cpp
+
+    return Path(llama_cpp.__file__).parent / "lib"
+
+
+def compiled_features() -> str:
+    from edgespec.engine import system_info
+
+    return system_info()
+
+
+def pyinstaller_args(out: Path, work: Path, entry: Path) -> list[str]:
+    libs = llama_lib_dir()
+    args = [
+        "--onedir", "--name", "edgespec", "--noconfirm", "--clean",
+        "--distpath", str(out), "--workpath", str(work / "build"), "--specpath", str(work),
+        # subcommands and TUI screens are imported by name at run time
+        "--collect-submodules", "edgespec", "--collect-submodules", "tui",
+        "--collect-data", "edgespec", "--collect-data", "tui", "--collect-data", "textual",
+        "--collect-submodules", "textual", "--collect-submodules", "rich",
+        "--collect-submodules", "huggingface_hub",
+        "--copy-metadata", "llama-cpp-python", "--copy-metadata", "huggingface_hub",
+        "--copy-metadata", "textual",
+    ]
+    for lib in sorted(libs.glob("*.so*")):  # where llama_cpp looks for them: next to its module
+        args += ["--add-binary", f"{lib}{os.pathsep}llama_cpp/lib"]
+    for module in EXCLUDED:
+        args += ["--exclude-module", module]
+    return [*args, str(entry)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "dist", help="output folder (default dist/)")
+    parser.add_argument("--allow-non-portable", action="store_true",
+                        help="freeze a llama-cpp-python built with instruction sets beyond AVX2")
+    opts = parser.parse_args(argv)
+
+    features = {f.split("=")[0].split(":")[-1].strip() for f in compiled_features().split("|") if "= 1" in f}
+    extra = sorted(f for f in features if f.startswith(BEYOND_AVX2))
+    if extra and not opts.allow_non_portable:
+        print(f"this environment's llama-cpp-python uses {', '.join(extra)}: the binary would not run on "
+              "every AVX2 CPU. Run `python scripts/install_llama.py --portable` first, or pass "
+              "--allow-non-portable.", file=sys.stderr)
+        return 2
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", PYINSTALLER], check=True)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="edgespec-build-") as tmp:
+        work = Path(tmp)
+        entry = work / "edgespec_main.py"
+        entry.write_text(ENTRY)
+        subprocess.run([sys.executable, "-m", "PyInstaller", "--log-level", "WARN",
+                        *pyinstaller_args(work / "dist", work, entry)], check=True)
+        binary = self_extracting(work / "dist" / "edgespec", opts.out / "edgespec")
+    size = binary.stat().st_size / 2**20
+    print(f"built {binary} ({size:.0f} MiB) in {time.monotonic() - started:.0f} s")
+    return 0
+
+
+LAUNCHER = """#!/bin/sh
+# edgespec, one file: this launcher, then the frozen app folder as a tar.gz (scripts/build_binary.py).
+# The first start unpacks it once; later starts run the unpacked copy directly.
+set -e
+root="${{EDGESPEC_UNPACK_DIR:-${{XDG_CACHE_HOME:-$HOME/.cache}}/edgespec/binary}}"
+dir="$root/{build_id}"
+if [ ! -x "$dir/edgespec/edgespec" ]; then
+    mkdir -p "$root"
+    tmp=$(mktemp -d "$root/.unpack.XXXXXX")
+    tail -c +{offset:010d} "$0" | tar -xzf - -C "$tmp"
+    [ -d "$dir" ] || mv "$tmp" "$dir"
+    rm -rf "$tmp"
+fi
+exec "$dir/edgespec/edgespec" "$@"
+"""
+
+
+def self_extracting(app_dir: Path, out: Path) -> Path:
+    """One executable file: the launcher with the payload's byte offset and id, then the payload."""
+    data = subprocess.run(["tar", "-czf", "-", "-C", str(app_dir.parent), app_dir.name], check=True,
+                          stdout=subprocess.PIPE).stdout
+    build_id = hashlib.sha256(data).hexdigest()[:16]  # a new build never reuses an old unpacked copy
+    header = LAUNCHER.format(build_id=build_id, offset=0).encode()
+    header = LAUNCHER.format(build_id=build_id, offset=len(header) + 1).encode()  # same length
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".partial")
+    tmp.write_bytes(header + data)
+    tmp.chmod(0o755)
+    tmp.replace(out)
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
