@@ -262,10 +262,16 @@ def _totals(runs: Sequence[Run]) -> dict:
         "accepted": stats.accepted,
         "verified_per_step": stats.verified_nodes / steps,
         "draft_decodes_per_step": stats.draft_decodes / steps,
+        # what each unit of work buys: committed tokens per draft forward pass (the GPU's serial
+        # draft cost) and per token the target verified (its batch cost)
+        "mal_per_draft_pass": stats.committed / stats.draft_decodes if stats.draft_decodes else None,
+        "mal_per_verified_token": stats.committed / stats.verified_nodes if stats.verified_nodes else 0.0,
         "merges_per_step": stats.merges / steps,  # GSD: τ-redundant nodes merged per graph
         "graph_success_share": stats.graph_successes / steps,  # accepted path went through a merge
         "plain_step_share": sum(r.plain_steps for r in runs) / steps,
         "time_split": {"draft": draft, "verify": verify, "overhead": max(1.0 - draft - verify, 0.0)},
+        # edgespec's own cost per step: wall time outside both models' llama_decode calls
+        "python_ms_per_step": stats.timings.python / steps * 1000,
     }
 
 

@@ -10,6 +10,7 @@ import ctypes
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from time import perf_counter
 
 import llama_cpp as C
 import numpy as np
@@ -167,6 +168,7 @@ class Context:
         self.memory = C.llama_get_memory(self.ptr)
         self.n_vocab = model.n_vocab
         self._batch = C.llama_batch_init(settings.n_batch, 0, settings.n_seq_max)
+        self.decode_seconds = 0.0  # running total of time inside llama_decode (callers take differences)
 
     def close(self) -> None:
         if self.ptr:
@@ -197,7 +199,9 @@ class Context:
                 row[j] = s
             batch.logits[i] = want_logits[i]
         batch.n_tokens = n
+        start = perf_counter()
         rc = C.llama_decode(self.ptr, batch)
+        self.decode_seconds += perf_counter() - start
         if rc != 0:
             raise EngineError(_decode_failure(rc, n, self.n_ctx))
 
