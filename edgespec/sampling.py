@@ -30,9 +30,15 @@ class SamplingParams:
 
 
 def top2_margin(logits_row: np.ndarray) -> float:
-    """Top-1 minus top-2 logit: how close this decision was to a tie."""
-    top2 = np.partition(logits_row, -2)[-2:]
-    return float(top2[1] - top2[0])
+    """Top-1 minus top-2 logit: how close this decision was to a tie (0 when the top is shared).
+
+    Three linear scans (argmax, then the max on either side of it) instead of a partition of the row.
+    """
+    best = int(np.argmax(logits_row))
+    runner_up = max(
+        logits_row[:best].max(initial=-np.inf), logits_row[best + 1 :].max(initial=-np.inf)
+    )
+    return float(logits_row[best] - runner_up)
 
 
 def target_probs(logits_row: np.ndarray, params: SamplingParams) -> np.ndarray:

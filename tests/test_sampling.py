@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from sampling_reference import argpartition_top_k, full_vocabulary_top_k
 
-from edgespec.sampling import draft_dists
+from edgespec.sampling import draft_dists, top2_margin
 
 QWEN_VOCAB = 151_936
 
@@ -72,6 +72,16 @@ def test_extreme_rows():
     rows[2] = rng.uniform(-0.01, 0.01, QWEN_VOCAB).astype(np.float32)  # nearly uniform: max entropy
     assert_same_top_k(rows, 32, 1.0, QWEN_VOCAB)
     assert_same_top_k(rows, 32, 0.5, QWEN_VOCAB)
+
+
+def test_top2_margin_is_top_one_minus_top_two():
+    rng = np.random.default_rng(4)
+    rows = [np.round(rng.normal(0, 2, 50)).astype(np.float32) for _ in range(100)]  # many shared tops
+    rows += [np.array([7.0, 2.0], np.float32), np.array([2.0, 7.0], np.float32), np.ones(3, np.float32)]
+    rows.append(llm_like_rows(rng, 1, QWEN_VOCAB)[0])
+    for row in rows:
+        top2 = np.sort(row)[-2:]
+        assert top2_margin(row) == float(top2[1] - top2[0])
 
 
 @pytest.mark.slow
