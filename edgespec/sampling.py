@@ -35,9 +35,7 @@ def top2_margin(logits_row: np.ndarray) -> float:
     Three linear scans (argmax, then the max on either side of it) instead of a partition of the row.
     """
     best = int(np.argmax(logits_row))
-    runner_up = max(
-        logits_row[:best].max(initial=-np.inf), logits_row[best + 1 :].max(initial=-np.inf)
-    )
+    runner_up = max(logits_row[:best].max(initial=-np.inf), logits_row[best + 1 :].max(initial=-np.inf))
     return float(logits_row[best] - runner_up)
 
 
