@@ -201,6 +201,7 @@ class Context:
         batch.n_tokens = n
         start = perf_counter()
         rc = C.llama_decode(self.ptr, batch)
+        C.llama_synchronize(self.ptr)  # a GPU backend computes asynchronously: the wait is decode time
         self.decode_seconds += perf_counter() - start
         if rc != 0:
             raise EngineError(_decode_failure(rc, n, self.n_ctx))
