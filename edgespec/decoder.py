@@ -112,12 +112,14 @@ def _finish(reason: str, text: str) -> StepEvent:
 
 # -- plain decoding ---------------------------------------------------------------------------------
 def plain_step(target, root: int, params: SamplingParams, rng: np.random.Generator) -> _Step:
-    start = perf_counter()
+    start, decoding = perf_counter(), target.ctx.decode_seconds
     row = target.decode_root(root)
     verified = perf_counter()
     token = int(np.argmax(row)) if params.greedy else sample(target_probs(row, params), rng)
     emitted = (EmittedToken(token, Provenance.TARGET, top2_margin(row)),)
-    timings = StepTimings(verify=verified - start, bookkeeping=perf_counter() - verified)
+    end = perf_counter()
+    python = end - start - (target.ctx.decode_seconds - decoding)
+    timings = StepTimings(verify=verified - start, bookkeeping=end - verified, python=python)
     event = StepEvent(tokens=emitted, text="", drafted=0, accepted=0, timings=timings)
     return _Step(emitted, token, event)
 
@@ -127,7 +129,8 @@ def speculative_step(
     pair, planner: Planner, root: int, params: SamplingParams, rng: np.random.Generator, max_nodes: int
 ) -> _Step:
     draft, target = pair.draft, pair.target
-    start = perf_counter()
+    start = step_start = perf_counter()
+    decoding = _llama_seconds(pair)
     # mcsd-target-init: the target decodes the root alone first (committing it); its row is the
     # distribution the root's children are taken from, and row 0 of the verification below.
     root_row = target.decode_root(root).copy() if getattr(planner, "needs_target_root", False) else None
@@ -140,11 +143,13 @@ def speculative_step(
     emitted = provenance(tree, verdict, target_rows)
     target.commit(tree, layout, verdict.path, root_committed=root_row is not None)
     draft.commit(tree, verdict.path, verdict.next_token)
+    end = perf_counter()
     timings = StepTimings(
         draft=draft.decode_seconds,
         plan=plan_seconds - draft.decode_seconds,
         verify=verified - start + root_seconds,
-        bookkeeping=perf_counter() - verified,
+        bookkeeping=end - verified,
+        python=end - step_start - (_llama_seconds(pair) - decoding),
     )
     event = StepEvent(
         tokens=emitted,
@@ -166,6 +171,11 @@ def speculative_step(
     if observe is not None:
         observe(event)
     return _Step(emitted, verdict.next_token, event)
+
+
+def _llama_seconds(pair) -> float:
+    """Time both models have spent inside llama_decode so far (a running total: take differences)."""
+    return pair.target.ctx.decode_seconds + pair.draft.ctx.decode_seconds
 
 
 def plan(

@@ -29,6 +29,10 @@ class StepTimings:
     plan: float = 0.0  # planner Python/numpy work besides the draft decodes
     verify: float = 0.0  # the one target decode of the packed tree
     bookkeeping: float = 0.0  # verification rule, KV commit, detokenisation
+    # Another cut of the same step, not part of ``total``: its wall time minus the time inside both
+    # models' llama_decode calls — what edgespec's own Python/numpy costs per step (batch packing,
+    # top-k reduction, planning, verification, KV bookkeeping), whatever the hardware's decode speed.
+    python: float = 0.0
 
     @property
     def total(self) -> float:
@@ -40,6 +44,7 @@ class StepTimings:
             self.plan + other.plan,
             self.verify + other.verify,
             self.bookkeeping + other.bookkeeping,
+            self.python + other.python,
         )
 
 
@@ -133,5 +138,6 @@ class GenerationStats:
                 "verify": t.verify,
                 "bookkeeping": t.bookkeeping,
                 "total": t.total,
+                "python": t.python,
             },
         }

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from time import perf_counter
 
 import numpy as np
 
@@ -67,12 +68,14 @@ class FakeContext:
         self.n_vocab = model.n_vocab
         self.cells: list[Cell] = []
         self.decodes = 0
+        self.decode_seconds = 0.0  # as the real Context: time in the (fake) model's forward pass
         self.batch_sizes: list[int] = []
         self._rows = np.zeros((0, model.n_vocab), dtype=np.float32)
         self._rng = random.Random(rng_seed)
 
     # -- decode -----------------------------------------------------------------------------------
     def decode(self, tokens, positions, seq_ids, want_logits) -> None:
+        start = perf_counter()
         tokens, positions = [int(t) for t in tokens], [int(p) for p in positions]
         seq_ids = [tuple(int(s) for s in ids) for ids in seq_ids]
         self._check_batch(positions, seq_ids)
@@ -87,6 +90,7 @@ class FakeContext:
         self._rows = np.stack(rows) if rows else np.zeros((0, self.n_vocab), dtype=np.float32)
         self.decodes += 1
         self.batch_sizes.append(len(tokens))
+        self.decode_seconds += perf_counter() - start
 
     def _visible(self, cell: Cell) -> tuple[int, ...]:
         seq = self._rng.choice(sorted(cell.seqs))  # which id counts as "first" is arbitrary

@@ -133,3 +133,25 @@ def test_every_strategy_samples_on_the_engine(strategy):
     tokens, events = _run(pair, make_planner(strategy, {"budget": 16}), 40, params)
     assert len(tokens) == 40 and sum(e.accepted for e in events) > 0
     _assert_cache_is_committed(pair.target)
+
+
+def test_python_time_excludes_the_models_decodes(monkeypatch):
+    """time_split.python = step wall time minus time inside llama_decode (here: a fake decode that
+    spins 20 ms), so it stays far below the decode time however many decodes a step makes."""
+    import time
+
+    from fake_llama import FakeContext
+
+    check_batch = FakeContext._check_batch
+
+    def slow_check(self, *args):  # runs inside FakeContext.decode's timed region, like a forward pass
+        check_batch(self, *args)
+        end = time.perf_counter() + 0.02
+        while time.perf_counter() < end:
+            pass
+
+    monkeypatch.setattr(FakeContext, "_check_batch", slow_check)
+    _, events = _run(FakePair(), ChainPlanner(gamma=3), max_tokens=12)
+    for e in (e for e in events if e.verified_nodes):
+        decodes = 1 + e.draft_decodes  # the target's verify decode and the draft's levels
+        assert 0 < e.timings.python < e.timings.total - 0.02 * decodes + 0.005

@@ -603,6 +603,8 @@ def test_answer_meta():
         answer_meta("p", "chain γ=4", stats, "stop")
         == "p · chain γ=4 · 12 tokens · 30.0 tok/s · MAL 2.50 · acceptance 50%"
     )
+    timed = {**stats, "target_calls": 4, "time_split": {"python": 0.002}}
+    assert answer_meta("p", "s", timed, "stop").endswith("acceptance 50% · python 0.50 ms/step")
     assert answer_meta("p", "s", {}, "cancelled").endswith("stopped")
     assert answer_meta("p", "s", {}, None, complete=False).endswith("interrupted")
 

@@ -8,8 +8,9 @@ JSON schema (``edgespec-bench/1``), one document per run:
      "results": [{"key", "strategy", "budget", "params", "tokens_per_second", "speedup",
                   "speedup_spread": {"median", "min", "max", "p25", "p75"}, "pooled_speedup",
                   "paired_ratios", "mal", "acceptance_rate", "verified_per_step",
-                  "draft_decodes_per_step", "plain_step_share", "time_split": {"draft", "verify",
-                  "overhead"}, "efficiency", "identical_to_plain", ...}, ...],
+                  "draft_decodes_per_step", "mal_per_draft_pass", "mal_per_verified_token",
+                  "plain_step_share", "time_split": {"draft", "verify", "overhead"},
+                  "python_ms_per_step", "efficiency", "identical_to_plain", ...}, ...],
      "per_prompt": [...]}
 
 ``speedup`` is the median over prompts of the paired ratio (the strategy's tokens/s ÷ the tokens/s of
@@ -147,7 +148,9 @@ def results_table(doc: dict) -> Table:
         caption=(
             f"speedup: median over the strategy's runs ({n_prompts} prompts) of the paired ratio (tokens/s "
             "÷ tokens/s of the plain runs just before and after, same prompt); range = min–max. "
-            "efficiency = speedup ÷ MAL."
+            "efficiency = speedup ÷ MAL. py ms/step: wall time per step outside both models' "
+            "llama_decode (median over prompts). MAL/pass, MAL/verified: tokens committed per draft "
+            "forward pass, per token the target verified."
         ),
         caption_justify="left",
     )
@@ -162,6 +165,9 @@ def results_table(doc: dict) -> Table:
         ("verified/step", "right"),
         ("draft dec/step", "right"),
         ("draft|verify|other", "right"),
+        ("py ms/step", "right"),
+        ("MAL/pass", "right"),
+        ("MAL/verified", "right"),
         ("efficiency", "right"),
     ):
         table.add_column(col, justify=justify)
@@ -177,6 +183,9 @@ def results_table(doc: dict) -> Table:
         _num(base["verified_per_step"]),
         "0",
         f"{split['draft']:.0%}|{split['verify']:.0%}|{split['overhead']:.0%}",
+        _num(base.get("python_ms_per_step")),
+        "",
+        _num(base.get("mal_per_verified_token")),
         "",
     )
     for r in doc["results"]:
@@ -193,6 +202,9 @@ def results_table(doc: dict) -> Table:
             _num(r["verified_per_step"]),
             _num(r["draft_decodes_per_step"]),
             f"{split['draft']:.0%}|{split['verify']:.0%}|{split['overhead']:.0%}",
+            _num(r.get("python_ms_per_step_median", r.get("python_ms_per_step"))),
+            _num(r.get("mal_per_draft_pass")),
+            _num(r.get("mal_per_verified_token")),
             _num(r["efficiency"]),
         )
     return table

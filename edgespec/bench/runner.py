@@ -262,10 +262,16 @@ def _totals(runs: Sequence[Run]) -> dict:
         "accepted": stats.accepted,
         "verified_per_step": stats.verified_nodes / steps,
         "draft_decodes_per_step": stats.draft_decodes / steps,
+        # what each unit of work buys: committed tokens per draft forward pass (the GPU's serial
+        # draft cost) and per token the target verified (its batch cost)
+        "mal_per_draft_pass": stats.committed / stats.draft_decodes if stats.draft_decodes else None,
+        "mal_per_verified_token": stats.committed / stats.verified_nodes if stats.verified_nodes else 0.0,
         "merges_per_step": stats.merges / steps,  # GSD: τ-redundant nodes merged per graph
         "graph_success_share": stats.graph_successes / steps,  # accepted path went through a merge
         "plain_step_share": sum(r.plain_steps for r in runs) / steps,
         "time_split": {"draft": draft, "verify": verify, "overhead": max(1.0 - draft - verify, 0.0)},
+        # edgespec's own cost per step: wall time outside both models' llama_decode calls
+        "python_ms_per_step": stats.timings.python / steps * 1000,
     }
 
 
@@ -285,6 +291,7 @@ def summarise(result: BenchResult) -> dict:
                     "ratios": pr.ratios(v.key),
                     "ratio": pr.ratio(v.key),
                     "mal": runs[0].stats.mean_accepted_length,
+                    **_per_step(merged_stats([run.stats for run in runs])),
                 }
         per_prompt.append(
             {
@@ -305,8 +312,17 @@ def summarise(result: BenchResult) -> dict:
     }
 
 
+def _per_step(stats: GenerationStats) -> dict:
+    steps = stats.target_calls or 1
+    return {
+        "python_ms_per_step": stats.timings.python / steps * 1000,
+        "draft_decodes_per_step": stats.draft_decodes / steps,
+    }
+
+
 def _entry(result: BenchResult, variant: Variant) -> dict:
     runs, adjacent, ratios, same = [], [], [], []
+    by_prompt = []  # per prompt: Python ms and draft passes per step
     for pr in result.prompts:
         for run, plains in pr.paired(variant.key):
             runs.append(run)
@@ -314,6 +330,9 @@ def _entry(result: BenchResult, variant: Variant) -> dict:
             if plains:
                 same.append(run.tokens == plains[0].tokens)
         ratios.extend(pr.ratios(variant.key))
+        prompt_runs = [run.stats for run, _ in pr.paired(variant.key)]
+        if prompt_runs:
+            by_prompt.append(_per_step(merged_stats(prompt_runs)))
     totals = _totals(runs)
     plain_tps = _totals(adjacent)["tokens_per_second"] if adjacent else 0.0
     spread = _spread(ratios)
@@ -330,6 +349,13 @@ def _entry(result: BenchResult, variant: Variant) -> dict:
         "speedup_spread": spread,
         "pooled_speedup": totals["tokens_per_second"] / plain_tps if plain_tps else None,
         "paired_ratios": ratios,
+        # medians over prompts (the issue's figures): Python ms per step, draft passes per step
+        "python_ms_per_step_median": median(p["python_ms_per_step"] for p in by_prompt)
+        if by_prompt
+        else None,
+        "draft_decodes_per_step_median": (
+            median(p["draft_decodes_per_step"] for p in by_prompt) if by_prompt else None
+        ),
         "efficiency": speedup / totals["mal"] if speedup and totals["mal"] else None,
         # greedy: share of runs whose output equals plain decoding's (near-tie flips aside)
         "identical_to_plain": sum(same) / len(same) if same and result.config.sampling.greedy else None,

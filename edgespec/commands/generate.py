@@ -88,6 +88,7 @@ def _step_record(event) -> dict:
         "depth": event.depth,
         "leaves": event.leaves,
         "draft_decodes": event.draft_decodes,
+        "python_ms": round(event.timings.python * 1000, 3),  # step wall time outside llama_decode
         "expected_accept": round(event.expected_accept, 4),
         "merges": event.merges,
         "graph_success": event.graph_success,

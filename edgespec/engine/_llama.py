@@ -13,6 +13,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
+from time import perf_counter
 
 import llama_cpp as C
 import numpy as np
@@ -264,6 +265,7 @@ class Context:
         self.n_vocab = model.n_vocab
         self._batch = C.llama_batch_init(settings.n_batch, 0, settings.n_seq_max)
         self._owner = _Exclusive(f"the llama context of {os.path.basename(model.path)}")
+        self.decode_seconds = 0.0  # running total of time inside llama_decode (callers take differences)
 
     def close(self) -> None:
         with self._owner:
@@ -307,7 +309,11 @@ class Context:
                 row[j] = s
             batch.logits[i] = want_logits[i]
         batch.n_tokens = n
-        return C.llama_decode(self.ptr, batch)
+        start = perf_counter()
+        rc = C.llama_decode(self.ptr, batch)
+        C.llama_synchronize(self.ptr)  # a GPU backend computes asynchronously: the wait is decode time
+        self.decode_seconds += perf_counter() - start
+        return rc
 
     def logits_rows(self, n_rows: int) -> np.ndarray:
         """Zero-copy, read-only (n_rows, V) view of the output rows of the last decode, in batch order

@@ -152,6 +152,9 @@ def answer_meta(
         parts.append(f"MAL {stats.get('mean_accepted_length', 0.0):.2f}")
         if stats.get("drafted"):
             parts.append(f"acceptance {stats.get('acceptance_rate', 0.0):.0%}")
+        python = stats.get("time_split", {}).get("python")
+        if python is not None and stats.get("target_calls"):
+            parts.append(f"python {python / stats['target_calls'] * 1000:.2f} ms/step")
     notes = {
         "length": "max tokens reached",
         "cancelled": "stopped",
