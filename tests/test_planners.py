@@ -54,7 +54,8 @@ def check_tree(tree: DraftTree, max_nodes: int, stats: bool = True) -> None:
         if not children:
             assert tree.child_rule[node] == ChildRule.NONE, f"leaf {node} has a child rule"
             continue
-        assert tree.child_rule[node] in (ChildRule.TOP, ChildRule.SAMPLED), f"node {node}: no child rule"
+        rules = (ChildRule.TOP, ChildRule.SAMPLED) + ((ChildRule.LONGEST,) if node == 0 else ())
+        assert tree.child_rule[node] in rules, f"node {node}: no child rule"
         assert node in tree.dists, f"node {node} has children but no distribution"
         dist = tree.dists[node]
         tokens = [int(tree.tokens[c]) for c in children]
@@ -89,6 +90,8 @@ def test_every_planner_builds_a_valid_tree(name, sampling, seed, max_nodes):
     assert tree.size - 1 <= budget
     if sampling and name in ("dyspec", "mcsd", "mcsd-target-init", "chain"):
         assert ChildRule.SAMPLED in set(tree.child_rule.tolist())
+    if not planner.lossy:  # the lossy selection among the target's own tokens is flagged as such
+        assert ChildRule.LONGEST not in set(tree.child_rule.tolist())
     if name in ("tsd", "gsd", "opt-tree") or not sampling:
         assert ChildRule.SAMPLED not in set(tree.child_rule.tolist())  # deterministic: one-hot rule
 

@@ -191,7 +191,9 @@ def test_tune_command_trains_stores_and_compares(edgespec_env, monkeypatch, tmp_
     assert rows["plain"]["mal"] == 1.0 and rows["mcsd"]["mal"] > 1.0
     assert rows["mcsd-target-init"]["target_decodes_per_step"] == 2
     assert all(r["speedup"] > 0 for r in out["compare"]["rows"])
-    assert all(r["agreement"] == 1.0 for r in out["compare"]["rows"])  # the fake has no batch noise
+    # the fake has no batch noise: the lossless variants reproduce plain decoding; the lossy one may not
+    assert all(r["agreement"] == 1.0 for r in out["compare"]["rows"] if "(lossy)" not in r["variant"])
+    assert 0.0 <= rows["mcsd-target-init"]["agreement"] <= 1.0
     assert any("(lossy)" in r["variant"] for r in out["compare"]["rows"])
     again = parser.parse_args([*argv, "--no-train", "--compare", "--variants", "threshold", "--json"])
     assert again.run(again) == 0
@@ -220,16 +222,14 @@ def _assert_cache_is_committed(runner):
     assert all(seqs == frozenset(runner.all_seqs) for _, _, seqs in view)
 
 
-def test_target_init_greedy_equals_plain_decoding_and_keeps_the_cache_committed():
-    _, plain = _events(None, max_tokens=40)
-    expected = [t.id for e in plain for t in e.tokens]
+def test_target_init_decodes_the_root_alone_and_keeps_the_cache_committed():
     planner = MCSDTargetInitPlanner(w=2, k_config=SMALL)
-    assert planner.lossy
+    assert planner.lossy  # it keeps the branch accepted longest, not the target's own choice
     pair = FakePair(n_seq=33)
     decodes_before = pair.target.ctx.decodes
     _, events = _events(planner, max_tokens=40, pair=pair)
-    assert [t.id for e in events for t in e.tokens] == expected
-    # Greedy: the target's own top token is the first child, so every step accepts at least it.
+    assert sum(len(e.tokens) for e in events) == 40
+    # Every step emits one of the target's own candidates first: at least that token is accepted.
     assert all(e.accepted >= 1 for e in events if not e.finish_reason)
     assert pair.target.ctx.decodes - decodes_before == 1 + 2 * len(events)  # prefill, then 2 per step
     assert all(size == 1 for size in pair.target.ctx.batch_sizes[1::2])  # the root alone

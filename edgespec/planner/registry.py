@@ -302,7 +302,7 @@ STRATEGIES: dict[str, Strategy] = {
         ),
         Strategy(
             "mcsd-target-init",
-            "MCSD with the root's w candidates from the target (lossy; needs decoder support)",
+            "MCSD below the target's own w first tokens; the branch accepted longest wins (lossy)",
             "Lu et al. 2024, §3.1",
             (
                 Param(

@@ -24,6 +24,8 @@ class ChildRule(IntEnum):
     NONE = 0  # not expanded (a leaf)
     TOP = 1  # deterministic (top-k of the draft): one-hot rule — accept x with p(x), else p[x] = 0
     SAMPLED = 2  # sampled without replacement from q: residual rule — accept with min(1, p/q)
+    LONGEST = 3  # the target's own candidates (mcsd-target-init): keep the one whose subtree is accepted
+    # longest — LOSSY: which token is emitted then depends on how well the draft continues it
 
 
 @dataclass(frozen=True)
