@@ -1,9 +1,8 @@
 """Chain drafting (SSD, Leviathan et al. / Chen et al.): the draft proposes γ tokens in a row.
 
 One draft decode per token (a level of width 1). Greedy: the draft's top token (one-hot rule).
-Sampling: one token drawn from q (residual rule), from the node's own stream (``node_rng``).
-Optional early exit: stop drafting when the draft's own probability of its chosen token falls below
-``p_min`` (llama.cpp's ``--draft-p-min``).
+Sampling: one token drawn from q (residual rule). Optional early exit: stop drafting when the
+draft's own probability of its chosen token falls below ``p_min`` (llama.cpp's ``--draft-p-min``).
 """
 
 from __future__ import annotations
@@ -17,9 +16,7 @@ from .tree import (
     PlanContext,
     PlanStats,
     TreeBuilder,
-    node_rng,
     sample_without_replacement,
-    step_seed,
 )
 
 
@@ -36,13 +33,12 @@ class ChainPlanner:
     def plan(self, root_token: int, drafter: Drafter, ctx: PlanContext) -> DraftTree:
         tree = TreeBuilder(root_token)
         node, decodes = 0, 0
-        seed = step_seed(ctx) if ctx.sampling else None
         gamma = min(self.gamma, ctx.max_nodes - 1)
         while tree.size - 1 < gamma:
             (dist,) = drafter.expand(tree, [node])
             decodes += 1
-            if seed is not None:
-                (pick,) = sample_without_replacement(dist, 1, node_rng(seed, tree.path_tokens(node)))
+            if ctx.sampling:
+                (pick,) = sample_without_replacement(dist, 1, ctx.rng)
                 tree.set_children_rule(node, ChildRule.SAMPLED)
             else:
                 pick = 0  # the draft's argmax

@@ -45,9 +45,7 @@ from .tree import (
     PlanStats,
     SparseDist,
     TreeBuilder,
-    node_rng,
     sample_without_replacement,
-    step_seed,
 )
 
 EARLY_STOP_MODES = ("off", "threshold", "model")
@@ -192,8 +190,8 @@ class MCSDPlanner:
 
     def plan(self, root_token: int, drafter: Drafter, ctx: PlanContext) -> DraftTree:
         tree = TreeBuilder(root_token)
-        seed = step_seed(ctx) if ctx.sampling else None
-        decodes, evaluated = self._grow(tree, [0], self.k_config, drafter, seed, self._cap(ctx))
+        rng = ctx.rng if ctx.sampling else None
+        decodes, evaluated = self._grow(tree, [0], self.k_config, drafter, rng, self._cap(ctx))
         return self._finish(tree, decodes, evaluated)
 
     # -- shared by both variants --------------------------------------------------------------------
@@ -203,13 +201,12 @@ class MCSDPlanner:
 
     @staticmethod
     def _children(
-        tree: TreeBuilder, node: int, dist: SparseDist, k: int, seed: int | None, cap: int
+        tree: TreeBuilder, node: int, dist: SparseDist, k: int, rng: np.random.Generator | None, cap: int
     ) -> list[int]:
-        """Give ``node`` up to k children from ``dist``: drawn without replacement from the node's own
-        stream when sampling (``seed`` set), else the top k."""
-        if seed is not None:
-            picks = sample_without_replacement(dist, k, node_rng(seed, tree.path_tokens(node)))
-            rule = ChildRule.SAMPLED
+        """Give ``node`` up to k children from ``dist``: drawn without replacement from q when sampling
+        (``rng`` given: the decoder's stream; the draws are fresh, whatever else used it), else the top k."""
+        if rng is not None:
+            picks, rule = sample_without_replacement(dist, k, rng), ChildRule.SAMPLED
         else:
             picks, rule = list(range(min(k, int(np.count_nonzero(dist.probs > 0.0))))), ChildRule.TOP
         added = []
@@ -225,7 +222,7 @@ class MCSDPlanner:
         level: list[int],
         config: Sequence[int],
         drafter: Drafter,
-        seed: int | None,
+        rng: np.random.Generator | None,
         cap: int,
     ) -> tuple[int, int]:
         """Expand ``level`` and its descendants by ``config``, one draft decode per level.
@@ -244,7 +241,7 @@ class MCSDPlanner:
             decodes, evaluated = decodes + 1, evaluated + len(level)
             nxt = []
             for node, dist in zip(level, dists):
-                nxt.extend(self._children(tree, node, dist, k, seed, cap))
+                nxt.extend(self._children(tree, node, dist, k, rng, cap))
             level = nxt
         return decodes, evaluated
 
@@ -302,9 +299,9 @@ class MCSDTargetInitPlanner(MCSDPlanner):
         tree = TreeBuilder(root_token)
         drafter.expand(tree, [0])  # the draft must still decode the root; its own q is not used here
         tree.dists[0] = root_dist  # the distribution the root's children are taken from
-        seed, cap = (step_seed(ctx) if ctx.sampling else None), self._cap(ctx)
-        level = self._children(tree, 0, root_dist, self.w, seed, cap)  # the target's top w, or w draws
+        rng, cap = (ctx.rng if ctx.sampling else None), self._cap(ctx)
+        level = self._children(tree, 0, root_dist, self.w, rng, cap)  # the target's top w, or w draws
         if level:
             tree.set_children_rule(0, ChildRule.LONGEST)  # the verifier keeps the longest accepted branch
-        decodes, evaluated = self._grow(tree, level, self.k_config, drafter, seed, cap)
+        decodes, evaluated = self._grow(tree, level, self.k_config, drafter, rng, cap)
         return self._finish(tree, decodes + 1, evaluated + 1)

@@ -196,7 +196,9 @@ class Planner(Protocol):
 
 def node_rng(step_seed: int, path: Sequence[int]) -> np.random.Generator:
     """The random stream of one tree node: a function of the step's seed and the node's token path only,
-    so draws do not depend on the order in which a planner visits nodes.
+    so draws do not depend on the order in which a planner visits nodes (DySpec; any planner whose
+    draws must not depend on that order — planners that draw in one fixed order may simply use
+    ``ctx.rng``, whose draws are fresh whatever else used it).
 
     The seed words must be unambiguous. numpy pads a seed with zero words, so ``[seed, *path]`` gives a
     depth-1 node whose token id is 0 the root's own stream (issue 11) — its draws are then correlated
