@@ -62,12 +62,28 @@ def node_features(tree: DraftTree, nodes: Sequence[int]) -> np.ndarray:
     )
 
 
+def reached_nodes(tree: DraftTree, accepted_path: Sequence[int]) -> list[int]:
+    """The drafted nodes the verifier decided on, in index order: the children of every accepted node,
+    in the order they were tried, up to the one it accepted — all of them below the last accepted node,
+    where every one was rejected. The rest were never reached (their parent was rejected, or an
+    earlier sibling accepted): they are not rejections, and labelling them so teaches the model to stop
+    early at depth."""
+    reached: list[int] = []
+    for i, node in enumerate(accepted_path):
+        children = tree.children(node)
+        if i + 1 < len(accepted_path):
+            children = children[: children.index(accepted_path[i + 1]) + 1]
+        reached.extend(children)
+    return sorted(reached)
+
+
 def step_examples(tree: DraftTree, accepted_path: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One example per drafted node of a verified tree: (features (n, F), accepted (n,) bool, depth (n,)).
+    """One example per drafted node the verifier reached (``reached_nodes``): (features (n, F),
+    accepted (n,) bool, depth (n,)).
 
     GSD's merged nodes are left out (they were not drawn from a distribution of their own).
     """
-    nodes = [u for u in range(1, tree.size) if not tree.merged[u]]
+    nodes = [u for u in reached_nodes(tree, accepted_path) if not tree.merged[u]]
     on_path = set(int(u) for u in accepted_path)
     labels = np.array([u in on_path for u in nodes], dtype=bool)
     return node_features(tree, nodes), labels, tree.depth[nodes].astype(np.int32)

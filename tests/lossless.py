@@ -164,7 +164,8 @@ def run(
     out = Run(first=np.zeros(V, dtype=np.int64), later=np.zeros((MAX_POSITION - 1, V, V), dtype=np.int64))
     fixed = _plan(planner, pair, rng)
     deterministic = set(fixed.child_rule.tolist()) <= {ChildRule.NONE, ChildRule.TOP}
-    out.fresh_trees = not (deterministic and _shape(_plan(planner, pair, rng)) == _shape(fixed))
+    again = _plan(planner, pair, np.random.default_rng(seed + 1))  # another stream: the same tree?
+    out.fresh_trees = not (deterministic and _shape(again) == _shape(fixed))
     for _ in range(steps):
         tree = _plan(planner, pair, rng) if out.fresh_trees else fixed
         verdict = verify(tree, lambda node, tokens=tree.tokens: pair.target[tokens[node]], rng)

@@ -17,6 +17,7 @@ from edgespec.decoder import Request, generate
 from edgespec.planner.earlystop import DecisionModel
 from edgespec.planner.mcsd import MCSDPlanner, MCSDTargetInitPlanner
 from edgespec.planner.registry import StrategyError, make_planner
+from edgespec.planner.tree import SparseDist, TreeBuilder
 from edgespec.prompts import PromptCase
 from edgespec.sampling import SamplingParams
 
@@ -50,20 +51,42 @@ def _events(planner, sampling=GREEDY, max_tokens=30, pair=None):
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=0.9, seed=4)])
-def test_logged_examples_are_the_accepted_paths(sampling):
+def test_logged_examples_are_the_reached_nodes_labelled_by_the_accepted_path(sampling):
     _, events = _events(MCSDPlanner(k_config=SMALL), sampling)
     assert sum(e.accepted for e in events) > 0
+    unreached = 0
     for event in events:
-        x, y, depth = tuning.step_examples(event.tree, event.accepted_path)
-        assert x.shape == (event.tree.size - 1, 11) and y.shape == depth.shape == (event.tree.size - 1,)
-        assert int(y.sum()) == event.accepted
-        accepted_nodes = [u for u in range(1, event.tree.size) if y[u - 1]]
-        assert accepted_nodes == list(event.accepted_path[1:])
+        tree, path = event.tree, event.accepted_path
+        nodes = tuning.reached_nodes(tree, path)
+        x, y, depth = tuning.step_examples(tree, path)
+        assert x.shape == (len(nodes), 11) and y.shape == depth.shape == (len(nodes),)
+        assert [u for u, accepted in zip(nodes, y) if accepted] == list(path[1:])
+        assert all(int(tree.parents[u]) in path for u in nodes)  # only children of accepted nodes
         # the accepted draft tokens are the ones the step emitted before the target's own
-        assert [int(event.tree.tokens[u]) for u in accepted_nodes] == [t.id for t in event.tokens][
-            : len(accepted_nodes)
+        assert [int(tree.tokens[u]) for u in path[1:]] == [t.id for t in event.tokens][
+            : len(path) - 1
         ] or event.finish_reason is not None
-        assert np.array_equal(depth, event.tree.depth[1:])
+        assert np.array_equal(depth, tree.depth[nodes])
+        unreached += tree.size - 1 - len(nodes)
+    assert unreached > 0  # the fix matters on these trees: some nodes were never reached
+
+
+def test_reached_nodes_stop_at_the_accepted_sibling_and_below_rejections():
+    tree = TreeBuilder(root_token=1)
+    a, b, c = (tree.add(0, t, 0.3) for t in (10, 11, 12))
+    a1 = tree.add(a, 20, 0.5)  # below a rejected node: never reached
+    b1, b2 = tree.add(b, 21, 0.5), tree.add(b, 22, 0.4)
+    b11 = tree.add(b1, 23, 0.5)
+    for node in (0, a, b, b1):  # the distributions the children were drawn from (features need them)
+        tree.dists[node] = SparseDist(ids=np.arange(10, 30, dtype=np.int32), probs=np.full(20, 0.05))
+    frozen = tree.freeze()
+    # b accepted after a was rejected (c never tried); then b1 rejected, b2 rejected: the step ends at b
+    assert tuning.reached_nodes(frozen, (0, b)) == [a, b, b1, b2]
+    assert tuning.reached_nodes(frozen, (0, b, b1)) == [a, b, b1, b11]  # b2 never tried
+    assert tuning.reached_nodes(frozen, (0,)) == [a, b, c]
+    assert a1 not in tuning.reached_nodes(frozen, (0, b, b1, b11))
+    y = tuning.step_examples(frozen, (0, b))[1]
+    assert y.tolist() == [False, True, False, False]
 
 
 def test_training_features_are_what_model_mode_predicts_on():
