@@ -256,8 +256,8 @@ STRATEGIES: dict[str, Strategy] = {
                     "mu",
                     "float",
                     None,
-                    "μ: draft step time / target step time (default: measured, from the pair's "
-                    "cost profile; 0.15 without one)",
+                    "μ: draft level time / target step time (default: measured per level from the "
+                    "pair's cost profile, c_d(level size) / c_t(n + 1); 0.15 without one)",
                     minimum=0,
                 ),
                 Param("delta", "float", None, "δ: stop deepening when E(A) grows by less (default: μ)"),
