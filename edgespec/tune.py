@@ -31,7 +31,7 @@ from .errors import EdgespecError
 from .events import GenerationStats, StepEvent
 from .paths import home_dir
 from .planner.earlystop import DecisionModel, accuracy, auc, feature_matrix
-from .planner.tree import DraftTree, Planner
+from .planner.tree import ChildRule, DraftTree, Planner
 from .prompts import ENGINE_PROMPTS, PromptCase, load_prompts
 from .sampling import SamplingParams
 
@@ -70,6 +70,8 @@ def reached_nodes(tree: DraftTree, accepted_path: Sequence[int]) -> list[int]:
     early at depth."""
     reached: list[int] = []
     for i, node in enumerate(accepted_path):
+        if tree.child_rule[node] == ChildRule.LONGEST:
+            continue  # mcsd-target-init's root: the target's own tokens, not draft tokens it judged
         children = tree.children(node)
         if i + 1 < len(accepted_path):
             children = children[: children.index(accepted_path[i + 1]) + 1]

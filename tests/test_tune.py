@@ -17,7 +17,7 @@ from edgespec.decoder import Request, generate
 from edgespec.planner.earlystop import DecisionModel
 from edgespec.planner.mcsd import MCSDPlanner, MCSDTargetInitPlanner
 from edgespec.planner.registry import StrategyError, make_planner
-from edgespec.planner.tree import SparseDist, TreeBuilder
+from edgespec.planner.tree import ChildRule, SparseDist, TreeBuilder
 from edgespec.prompts import PromptCase
 from edgespec.sampling import SamplingParams
 
@@ -87,6 +87,8 @@ def test_reached_nodes_stop_at_the_accepted_sibling_and_below_rejections():
     assert a1 not in tuning.reached_nodes(frozen, (0, b, b1, b11))
     y = tuning.step_examples(frozen, (0, b))[1]
     assert y.tolist() == [False, True, False, False]
+    tree.set_children_rule(0, ChildRule.LONGEST)  # mcsd-target-init: a, b, c are the target's tokens
+    assert tuning.reached_nodes(tree.freeze(), (0, b)) == [b1, b2]
 
 
 def test_training_features_are_what_model_mode_predicts_on():
