@@ -219,6 +219,10 @@ def test_tune_command_trains_stores_and_compares(edgespec_env, monkeypatch, tmp_
     # the fake has no batch noise: the lossless variants reproduce plain decoding; the lossy one may not
     assert all(r["agreement"] == 1.0 for r in out["compare"]["rows"] if "(lossy)" not in r["variant"])
     assert 0.0 <= rows["mcsd-target-init"]["agreement"] <= 1.0
+    # the target's log-likelihood of what each produced: the lossless variants' text is plain decoding's
+    assert all(r["target_loglik"] < 0.0 for r in out["compare"]["rows"])
+    lossless = [r for r in out["compare"]["rows"] if "(lossy)" not in r["variant"]]
+    assert all(r["loglik_vs_plain"] == pytest.approx(0.0, abs=1e-9) for r in lossless)
     assert any("(lossy)" in r["variant"] for r in out["compare"]["rows"])
     again = parser.parse_args([*argv, "--no-train", "--compare", "--variants", "threshold", "--json"])
     assert again.run(again) == 0
@@ -268,3 +272,15 @@ def test_target_init_samples_on_the_engine():
     )
     assert sum(len(e.tokens) for e in events) == 30 and sum(e.accepted for e in events) > 0
     _assert_cache_is_committed(pair.target)
+
+
+def test_target_log_likelihood_matches_token_by_token_decoding():
+    pair = FakePair(n_seq=33)
+    answer = [3, 9, 4, 11, 7]
+    got = tuning.target_log_likelihood(pair, PROMPT, answer)
+    pair.target.sync(PROMPT[:-1])
+    rows = np.stack([pair.target.decode_root(t).copy() for t in [PROMPT[-1], *answer[:-1]]]).astype(float)
+    peak = rows.max(axis=1, keepdims=True)
+    log_p = rows - peak - np.log(np.exp(rows - peak).sum(axis=1, keepdims=True))  # log softmax per row
+    assert got == pytest.approx(float(np.mean(log_p[np.arange(len(answer)), answer])), rel=1e-9)
+    assert np.isnan(tuning.target_log_likelihood(pair, PROMPT, []))
