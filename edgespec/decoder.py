@@ -16,7 +16,7 @@ from time import perf_counter
 import numpy as np
 
 from .events import EmittedToken, Provenance, StepEvent, StepTimings
-from .planner.tree import DraftTree, PlanContext, Planner
+from .planner.tree import DraftTree, PlanContext, Planner, SparseDist
 from .sampling import SamplingParams, draft_dists, sample, target_probs, top2_margin
 from .text import Detokenizer, StopStrings
 from .verify import Verdict, verify_greedy, verify_sampling
@@ -182,18 +182,29 @@ def plan(
     draft, planner: Planner, root: int, params: SamplingParams, rng, max_nodes: int, root_row=None
 ) -> tuple[DraftTree, float]:
     """Grow this step's draft tree (the draft model decodes level by level inside). ``root_row``: the
-    target's logits after the root, for planners that take the root's children from the target (any
-    q is exact for the verifier as long as the tree records it: the truncated softmax is used)."""
+    target's logits after the root, for planners that take the root's children from the target."""
     start = perf_counter()
     draft.begin_step(params.temperature)
     ctx = PlanContext(sampling=not params.greedy, rng=rng, max_nodes=max_nodes)
     if root_row is None:
         tree = planner.plan(root, draft, ctx)
     else:
-        temperature = 1.0 if params.greedy else params.temperature
-        root_dist = draft_dists(root_row[None, :], draft.top_k, temperature, draft.vocab_limit)[0]
+        root_dist = target_candidates(root_row, params, draft.top_k, draft.vocab_limit)
         tree = planner.plan(root, draft, ctx, root_dist=root_dist)
     return tree, perf_counter() - start
+
+
+def target_candidates(row: np.ndarray, params: SamplingParams, k: int, vocab_limit: int) -> SparseDist:
+    """The target's k likeliest next tokens that the draft can decode (ids < ``vocab_limit``): ranked by
+    logit under greedy; with the target's own sampling distribution p (temperature, top-k, top-p)
+    when it samples, so that draws from them are draws from p (truncated to the k best)."""
+    if params.greedy:
+        return draft_dists(row[None, :], k, 1.0, vocab_limit)[0]
+    p = target_probs(row, params)[:vocab_limit]
+    k = min(k, int(np.count_nonzero(p)))
+    best = np.argpartition(-p, k - 1)[:k]
+    best = best[np.argsort(-p[best], kind="stable")]  # most likely first
+    return SparseDist(ids=best.astype(np.int32), probs=p[best])
 
 
 def decide(tree: DraftTree, target_rows: np.ndarray, params: SamplingParams, rng) -> Verdict:

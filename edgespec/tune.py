@@ -26,12 +26,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .chat import ChatSettings, Message, stream_reply
+from .chat import ChatSettings, Message, prompt_tokens, stream_reply
 from .errors import EdgespecError
 from .events import GenerationStats, StepEvent
 from .paths import home_dir
 from .planner.earlystop import DecisionModel, accuracy, auc, feature_matrix
-from .planner.tree import DraftTree, Planner
+from .planner.tree import ChildRule, DraftTree, Planner, TreeBuilder
 from .prompts import ENGINE_PROMPTS, PromptCase, load_prompts
 from .sampling import SamplingParams
 
@@ -62,12 +62,30 @@ def node_features(tree: DraftTree, nodes: Sequence[int]) -> np.ndarray:
     )
 
 
+def reached_nodes(tree: DraftTree, accepted_path: Sequence[int]) -> list[int]:
+    """The drafted nodes the verifier decided on, in index order: the children of every accepted node,
+    in the order they were tried, up to the one it accepted — all of them below the last accepted node,
+    where every one was rejected. The rest were never reached (their parent was rejected, or an
+    earlier sibling accepted): they are not rejections, and labelling them so teaches the model to stop
+    early at depth."""
+    reached: list[int] = []
+    for i, node in enumerate(accepted_path):
+        if tree.child_rule[node] == ChildRule.LONGEST:
+            continue  # mcsd-target-init's root: the target's own tokens, not draft tokens it judged
+        children = tree.children(node)
+        if i + 1 < len(accepted_path):
+            children = children[: children.index(accepted_path[i + 1]) + 1]
+        reached.extend(children)
+    return sorted(reached)
+
+
 def step_examples(tree: DraftTree, accepted_path: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One example per drafted node of a verified tree: (features (n, F), accepted (n,) bool, depth (n,)).
+    """One example per drafted node the verifier reached (``reached_nodes``): (features (n, F),
+    accepted (n,) bool, depth (n,)).
 
     GSD's merged nodes are left out (they were not drawn from a distribution of their own).
     """
-    nodes = [u for u in range(1, tree.size) if not tree.merged[u]]
+    nodes = [u for u in reached_nodes(tree, accepted_path) if not tree.merged[u]]
     on_path = set(int(u) for u in accepted_path)
     labels = np.array([u in on_path for u in nodes], dtype=bool)
     return node_features(tree, nodes), labels, tree.depth[nodes].astype(np.int32)
@@ -240,9 +258,11 @@ def compare(
     """Plain decoding and each variant on the same prompts with the bench's schedule (P V1 P V2 … P per
     prompt: every variant between two plain runs) and its summary; one row per variant, plain first.
 
-    Rows add the target decodes per step (2 for mcsd-target-init, whose root is decoded alone first)
-    and, for greedy runs, the agreement with plain decoding: the share of the adjacent plain run's
-    tokens reproduced before the first divergence, averaged over prompts.
+    Rows add the target decodes per step (2 for mcsd-target-init, whose root is decoded alone first),
+    for greedy runs the agreement with plain decoding: the share of the adjacent plain run's tokens
+    reproduced before the first divergence, averaged over prompts; and a quality measure for lossy
+    variants: the target's mean log-probability per token of what the variant produced, and its
+    difference from the adjacent plain run's (negative: the target finds the text less likely).
     """
     from .bench.runner import PLAIN, BenchConfig, Variant, run_bench, summarise
 
@@ -251,25 +271,78 @@ def compare(
     result = run_bench(pair, cases, entries, config, progress)
     summary = summarise(result)
     base = summary["baseline"]
-    rows = [_row("plain", base, 1, 1.0, 1.0, 1.0)]
+    loglik = {}  # (prompt index, run index) → the target's mean log p per token of that run's text
+    for i, prompt in enumerate(result.prompts):
+        messages = [Message(role, content) for role, content in prompt.case.messages]
+        tokens = prompt_tokens(pair, messages, ChatSettings(max_tokens=max_tokens))[0]  # as the bench
+        for j, run in enumerate(prompt.runs):
+            loglik[i, j] = target_log_likelihood(pair, tokens, run.tokens)
+    plain_loglik = [v for (i, j), v in loglik.items() if result.prompts[i].runs[j].variant == PLAIN]
+    rows = [_row("plain", base, 1, 1.0, 1.0, 1.0, _mean(plain_loglik), 0.0)]
     for entry in summary["results"]:
         planner = variants[entry["key"]]
-        agree = []
-        for prompt in result.prompts:  # each variant run comes right after a plain run (the schedule)
-            for before, run in zip(prompt.runs, prompt.runs[1:]):
-                if run.variant == entry["key"] and before.variant == PLAIN and sampling.greedy:
-                    agree.append(agreement(run.tokens, before.tokens))
+        agree, own, versus = [], [], []
+        for i, prompt in enumerate(result.prompts):  # each variant run comes right after a plain run
+            for j, (before, run) in enumerate(zip(prompt.runs, prompt.runs[1:])):
+                if run.variant == entry["key"] and before.variant == PLAIN:
+                    own.append(loglik[i, j + 1])
+                    versus.append(loglik[i, j + 1] - loglik[i, j])
+                    if sampling.greedy:
+                        agree.append(agreement(run.tokens, before.tokens))
         decodes = 2 if getattr(planner, "needs_target_root", False) else 1
         label = f"{planner.name} {planner.describe()}" + (" (lossy)" if planner.lossy else "")
-        mean_agree = float(np.mean(agree)) if agree else float("nan")
-        row = _row(label, entry, decodes, entry["speedup"], entry["pooled_speedup"], mean_agree)
+        row = _row(
+            label,
+            entry,
+            decodes,
+            entry["speedup"],
+            entry["pooled_speedup"],
+            _mean(agree),
+            _mean(own),
+            _mean(versus),
+        )
         spread = entry["speedup_spread"]
         row["speedup_range"] = (spread["min"], spread["max"])  # over the paired runs
         rows.append(row)
     return rows
 
 
-def _row(label: str, totals: dict, target_decodes: int, speedup, pooled, agree: float) -> dict:
+def _mean(values: Sequence[float]) -> float:
+    finite = [v for v in values if not np.isnan(v)]
+    return float(np.mean(finite)) if finite else float("nan")
+
+
+def target_log_likelihood(pair, prompt: Sequence[int], tokens: Sequence[int]) -> float:
+    """The target's mean log-probability per token of ``tokens`` after ``prompt`` (softmax at T = 1):
+    one verify of the chain prompt[-1], tokens[:-1], whose row i predicts tokens[i]. The verified
+    cells are speculative; the next ``sync`` drops them."""
+    if not tokens:
+        return float("nan")
+    target = pair.target
+    target.sync(list(prompt[:-1]))
+    chain = TreeBuilder(prompt[-1])
+    node = 0
+    for token in tokens[:-1]:
+        node = chain.add(node, token, 1.0)
+    _, rows = target.verify(chain.freeze())
+    logits = rows.astype(np.float64)  # (n, V)
+    peak = logits.max(axis=1)
+    log_norm = peak + np.log(np.exp(logits - peak[:, None]).sum(axis=1))  # log Σ_v e^{l_v} per row
+    chosen = logits[np.arange(len(tokens)), np.asarray(tokens)]
+    target.sync(list(prompt[:-1]))
+    return float(np.mean(chosen - log_norm))
+
+
+def _row(
+    label: str,
+    totals: dict,
+    target_decodes: int,
+    speedup,
+    pooled,
+    agree: float,
+    loglik: float,
+    vs_plain: float,
+) -> dict:
     return {
         "variant": label,
         "tokens": totals["tokens"],
@@ -282,6 +355,8 @@ def _row(label: str, totals: dict, target_decodes: int, speedup, pooled, agree: 
         "speedup": float("nan") if speedup is None else speedup,  # median paired ratio vs plain
         "pooled_speedup": float("nan") if pooled is None else pooled,
         "agreement": agree,
+        "target_loglik": loglik,  # the target's mean log p per produced token (T = 1)
+        "loglik_vs_plain": vs_plain,  # minus the adjacent plain run's, averaged over runs
     }
 
 
@@ -301,14 +376,14 @@ def format_table(rows: Sequence[dict]) -> str:
     """A Markdown table of ``compare`` rows."""
     lines = [
         "| variant | MAL | target decodes/step | draft decodes/step | verified/step | tok/s "
-        "| × plain (median paired) | × plain (pooled) | agreement |",
-        "|" + "---|" * 9,
+        "| × plain (median paired) | × plain (pooled) | agreement | target log p/token (vs plain) |",
+        "|" + "---|" * 10,
     ]
     for r in rows:
         lines.append(
             f"| {r['variant']} | {r['mal']:.2f} | {r['target_decodes_per_step']} | "
             f"{r['draft_decodes_per_step']:.2f} | {r['verified_per_step']:.1f} | "
             f"{r['tokens_per_second']:.2f} | {r['speedup']:.2f} | {r['pooled_speedup']:.2f} | "
-            f"{r['agreement']:.2f} |"
+            f"{r['agreement']:.2f} | {r['target_loglik']:.3f} ({r['loglik_vs_plain']:+.3f}) |"
         )
     return "\n".join(lines)

@@ -32,41 +32,56 @@ def verify_greedy(tree: DraftTree, argmax_at: Callable[[int], int]) -> Verdict:
     """Greedy longest match: follow the child whose token is the target's argmax, while one exists.
 
     Every emitted token is the target's argmax given the accepted path, so the output is exactly
-    what plain greedy decoding would produce from the same logits.
+    what plain greedy decoding would produce from the same logits (except below a ``LONGEST`` node).
     """
-    path = [0]
-    while True:
-        best = argmax_at(path[-1])
-        match = next((c for c in tree.children(path[-1]) if tree.tokens[c] == best), None)
-        if match is None:
-            return Verdict(tuple(path), best)
-        path.append(match)
+
+    def step(node: int) -> tuple[int | None, int]:
+        best = argmax_at(node)
+        return next((c for c in tree.children(node) if tree.tokens[c] == best), None), best
+
+    return _walk(tree, [0], step)
 
 
 def verify_sampling(
     tree: DraftTree, target_p_at: Callable[[int], np.ndarray], rng: np.random.Generator
 ) -> Verdict:
     """Lossless multi-branch rejection sampling: the emitted tokens are distributed exactly as if
-    the target had sampled them one by one.
+    the target had sampled them one by one (except below a ``LONGEST`` node).
 
     ``target_p_at(u)`` is the target's (temperature / top-k / top-p) distribution after node u.
     Children are tried in the order they were drafted, with the rule matching how they were chosen.
     """
-    path = [0]
-    while True:
-        node = path[-1]
+
+    def step(node: int) -> tuple[int | None, int | None]:
         p = target_p_at(node).copy()
         children = tree.children(node)
-        rule = tree.child_rule[node]
-        if children and rule == ChildRule.SAMPLED:
+        if children and tree.child_rule[node] == ChildRule.SAMPLED:
             accepted = _residual_rule(tree, node, children, p, rng)
         elif children:
             accepted = _one_hot_rule(tree, children, p, rng)
         else:
             accepted = None
+        # Every child rejected (or a leaf): sample from what is left of p — the residual.
+        return accepted, sample(p, rng) if accepted is None else None
+
+    return _walk(tree, [0], step)
+
+
+def _walk(tree: DraftTree, path: list[int], step: Callable[[int], tuple[int | None, int | None]]) -> Verdict:
+    """Walk down from ``path[-1]``: ``step(node)`` gives the accepted child, or None and the token to emit.
+
+    At a ``LONGEST`` node (mcsd-target-init, Lu et al. 2024 §3.1) the children are the target's own
+    candidates: each one's subtree is verified by the rules above and the longest accepted path wins
+    (ties: the earlier child, the target's likelier token). That choice is what makes it lossy.
+    """
+    while True:
+        node = path[-1]
+        if tree.child_rule[node] == ChildRule.LONGEST:
+            branches = [_walk(tree, [*path, child], step) for child in tree.children(node)]
+            return max(branches, key=lambda verdict: len(verdict.path))  # max keeps the first of equals
+        accepted, token = step(node)
         if accepted is None:
-            # Every child rejected (or a leaf): sample from what is left of p — the residual.
-            return Verdict(tuple(path), sample(p, rng))
+            return Verdict(tuple(path), int(token))
         path.append(accepted)
 
 

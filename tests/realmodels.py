@@ -50,8 +50,8 @@ def chain_tree(tokens: list[int]):
 
 def greedy_steps(pair, planner, text: str, max_tokens: int = MAX_TOKENS) -> list:
     """Greedy generation of ``text`` with ``planner``, checking the structural exactness of every step:
-    token k of a step is the argmax of the verify row of the k-th node of its accepted path (for
-    mcsd-target-init, row 0 is the root's own decode). Returns the steps that verified a tree."""
+    token k of a step is the argmax of the verify row of the k-th node of its accepted path (lossless
+    planners only). Returns the steps that verified a tree."""
     rows_argmax: list[np.ndarray] = []
     original = pair.target.verify
 

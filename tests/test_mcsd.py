@@ -17,6 +17,7 @@ from edgespec.planner.mcsd import (
     slice_layout,
 )
 from edgespec.planner.tree import ChildRule, PlanContext
+from edgespec.verify import verify_greedy, verify_sampling
 
 CONFIGS = [(4, 2, 2, 1), (2, 4, 3, 1, 1), (3,), (1, 1, 1), (2, 3)]
 
@@ -163,15 +164,42 @@ def test_target_init_children_come_from_the_target():
     assert planner.lossy and planner.needs_target_root and planner.name == "mcsd-target-init"
     tree = planner.plan(1, drafter, ctx(), root_dist=target)
     assert [int(tree.tokens[c]) for c in tree.children(0)] == [31, 32]  # the target's top w (greedy)
-    assert tree.dists[0] is target and tree.child_rule[0] == ChildRule.TOP
+    assert tree.dists[0] is target and tree.child_rule[0] == ChildRule.LONGEST  # the lossy choice
+    assert {int(r) for r in tree.child_rule[1:3]} == {int(ChildRule.TOP)}  # the draft's rules below
     assert level_sizes(tree) == [1, 2, 6, 6]
     assert drafter.calls[0] == [0] and drafter.calls[1] == [1, 2]  # the draft still decodes the root first
     assert layout_for(tree, planner.layout()) is not None
     sampled = MCSDTargetInitPlanner(w=2, k_config=(3, 1), target_root=lambda root: target).plan(
         1, SyntheticDrafter(drafter.dist_fn), ctx(True)
     )
-    assert sampled.child_rule[0] == ChildRule.SAMPLED and sampled.dists[0] is target
+    assert sampled.child_rule[0] == ChildRule.LONGEST and sampled.dists[0] is target
     assert {int(sampled.tokens[c]) for c in sampled.children(0)} <= {31, 32, 33}
+    assert {int(sampled.child_rule[c]) for c in sampled.children(0)} == {int(ChildRule.SAMPLED)}
+
+
+@pytest.mark.parametrize("sampling", [False, True])
+def test_target_init_keeps_the_branch_accepted_longest(sampling):
+    """The paper's selection: the second target token wins when only its draft continuation is accepted
+    — under greedy that emits a token that is not the target's argmax (why it is lossy)."""
+    target = sparse([0.6, 0.4], ids=[31, 32])
+    drafter = SyntheticDrafter(lambda path: sparse([0.9], ids=[5]))  # every node proposes 5 (q = 1)
+    tree = MCSDTargetInitPlanner(w=2, k_config=(1, 1)).plan(1, drafter, ctx(sampling), root_dist=target)
+    assert sorted(int(tree.tokens[c]) for c in tree.children(0)) == [31, 32]  # sampled: in either order
+
+    # The target: 5 after 32 and after 32 5, something no branch drafted everywhere else.
+    def after(node: int) -> np.ndarray:
+        path = tuple(tree.path_tokens(node)[1:])
+        p = np.zeros(40)
+        p[5 if path in {(32,), (32, 5)} else 7] = 1.0
+        return p
+
+    rng = np.random.default_rng(0)
+    if sampling:
+        verdict = verify_sampling(tree, after, rng)
+    else:
+        verdict = verify_greedy(tree, lambda node: int(np.argmax(after(node))))
+    emitted = [int(tree.tokens[u]) for u in verdict.path[1:]] + [verdict.next_token]
+    assert emitted == [32, 5, 5, 7] and verdict.accepted == 3
 
 
 def test_target_init_without_the_target_distribution_says_so():

@@ -54,7 +54,8 @@ def check_tree(tree: DraftTree, max_nodes: int, stats: bool = True) -> None:
         if not children:
             assert tree.child_rule[node] == ChildRule.NONE, f"leaf {node} has a child rule"
             continue
-        assert tree.child_rule[node] in (ChildRule.TOP, ChildRule.SAMPLED), f"node {node}: no child rule"
+        rules = (ChildRule.TOP, ChildRule.SAMPLED) + ((ChildRule.LONGEST,) if node == 0 else ())
+        assert tree.child_rule[node] in rules, f"node {node}: no child rule"
         assert node in tree.dists, f"node {node} has children but no distribution"
         dist = tree.dists[node]
         tokens = [int(tree.tokens[c]) for c in children]
@@ -89,6 +90,8 @@ def test_every_planner_builds_a_valid_tree(name, sampling, seed, max_nodes):
     assert tree.size - 1 <= budget
     if sampling and name in ("dyspec", "mcsd", "mcsd-target-init", "chain"):
         assert ChildRule.SAMPLED in set(tree.child_rule.tolist())
+    if not planner.lossy:  # the lossy selection among the target's own tokens is flagged as such
+        assert ChildRule.LONGEST not in set(tree.child_rule.tolist())
     if name in ("tsd", "gsd", "opt-tree") or not sampling:
         assert ChildRule.SAMPLED not in set(tree.child_rule.tolist())  # deterministic: one-hot rule
 
@@ -306,21 +309,44 @@ def test_opt_tree_expected_accept_grows_with_depth_and_delta_stops_it():
     drafter = SyntheticDrafter.random(vocab=30, top_k=8, seed=9, sharpness=3.0)
     shallow = OptTreePlanner(budget=16, delta=5.0).plan(2, drafter, ctx())  # no level can add 5 tokens
     assert drafter.decodes == 1 and shallow.depth.max() == 1
-    assert OptTreePlanner(mu=0.3).threshold == 0.3 and OptTreePlanner(mu=0.3, delta=0.5).threshold == 0.5
+    assert OptTreePlanner(mu=0.3).threshold(8, 16) == 0.3
+    assert OptTreePlanner(mu=0.3, delta=0.5).threshold(8, 16) == 0.5
 
 
 def test_opt_tree_takes_mu_from_the_cost_profile():
     from edgespec.planner.auto import CostModel
 
-    costs = CostModel.from_functions(lambda n: 0.1 * n, lambda n: 0.04 * n)  # c_d(1) / c_t(1) = 0.4
-    planner = OptTreePlanner()
-    assert planner.threshold == OptTreePlanner.DEFAULT_MU  # no profile yet
+    costs = CostModel.from_functions(lambda n: 0.1 * n, lambda n: 0.04 * n)
+    planner = OptTreePlanner(budget=24)
+    assert planner.threshold(8, 24) == OptTreePlanner.DEFAULT_MU  # no profile yet
     planner.use_costs(costs)
-    assert planner.threshold == pytest.approx(0.4)
+    # μ = c_d(level) / c_t(n + 1): a level of 8 nodes against verifying 25 tokens
+    assert planner.threshold(8, 24) == pytest.approx(0.04 * 8 / (0.1 * 25))
+    assert planner.threshold(1, 24) == pytest.approx(0.04 / (0.1 * 25))
     given = OptTreePlanner(mu=0.3)
     given.use_costs(costs)
-    assert given.threshold == 0.3  # a μ given on the command line wins over the measured one
-    assert "0.4" in planner.describe()
+    assert given.threshold(8, 24) == 0.3  # a μ given on the command line wins over the measured one
+    assert f"{0.04 * 24 / (0.1 * 25):.3g}" in planner.describe()  # δ of a full level of n
+
+
+def test_opt_tree_stops_earlier_where_a_draft_level_costs_its_size():
+    """On a CPU a level of m nodes costs about m decodes: μ from c_d(1) / c_t(1) would grow the tree
+    deeper than its levels pay for."""
+    from edgespec.planner.auto import CostModel
+
+    per_node = CostModel.from_functions(lambda n: 1.0, lambda m: 0.05 * m)  # c_d(1) / c_t(1) = 0.05
+    depths = {}
+    for label, planner in {
+        "one token": OptTreePlanner(budget=24, mu=0.05),
+        "level": OptTreePlanner(budget=24),
+    }.items():
+        if label == "level":
+            planner.use_costs(per_node)
+        drafter = SyntheticDrafter.random(vocab=30, top_k=8, seed=9, sharpness=3.0)
+        tree = planner.plan(2, drafter, ctx())
+        depths[label] = (int(tree.depth.max()), drafter.decodes)
+    assert depths["level"][1] < depths["one token"][1]  # fewer draft levels
+    assert depths["level"][0] < depths["one token"][0]
 
 
 # -- DySpec ------------------------------------------------------------------------------------------
@@ -393,7 +419,7 @@ def test_make_planner_defaults_and_overrides():
     assert (gsd.tau, gsd.theta_prob, gsd.budget, gsd.k) == (3, 0.1, 32, 4)
     assert make_planner("mcsd", {"k_config": "3x2"}).k_config == (3, 2)
     assert make_planner("mcsd-target-init").lossy and not make_planner("mcsd").lossy
-    assert make_planner("opt-tree", {"mu": 0.25}).threshold == 0.25
+    assert make_planner("opt-tree", {"mu": 0.25}).threshold(8, 24) == 0.25
     for name in STRATEGY_NAMES:
         planner = make_planner(name)
         assert planner.name == name and isinstance(planner.describe(), str)

@@ -1,6 +1,6 @@
-"""MCSD on the real bundled pair: static and early-stopped MCSD and mcsd-target-init at temperature 0
-against plain decoding (divergence only at a near-tie within the measured batch noise, see
-realmodels.py), MCSD sampling at temperature 0.8, and `edgespec tune` end to end."""
+"""MCSD on the real bundled pair: static and early-stopped MCSD at temperature 0 against plain
+decoding (divergence only at a near-tie within the measured batch noise, see realmodels.py), the
+lossy mcsd-target-init, MCSD sampling at temperature 0.8, and `edgespec tune` end to end."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from edgespec.planner.mcsd import MCSDPlanner, MCSDTargetInitPlanner
 from edgespec.planner.tree import ChildRule
 from edgespec.prompts import ENGINE_PROMPTS
 from edgespec.sampling import SamplingParams
+from edgespec.tune import agreement
 
 pytestmark = pytest.mark.model
 
@@ -27,7 +28,6 @@ K_CONFIG = (3, 2, 1)  # 15 draft tokens: inside the batch sizes batch_noise meas
 PLANNERS = {
     "mcsd": lambda: MCSDPlanner(k_config=K_CONFIG),
     "mcsd-threshold": lambda: MCSDPlanner(k_config=K_CONFIG, early_stop="threshold"),
-    "mcsd-target-init": lambda: MCSDTargetInitPlanner(w=2, k_config=(2, 1, 1)),  # 14 draft tokens
 }
 
 
@@ -46,13 +46,30 @@ def test_greedy_equals_plain_decoding(pair, plain_runs, batch_noise, name):
             assert tokens == plain_tokens[: len(tokens)] and len(tokens) == min(TOKENS, len(plain_tokens))
         flips += where is not None
         agreements.append((len(tokens) if where is None else where) / len(tokens))
-        if name == "mcsd-target-init":  # the target's own top token is always the first child
-            assert all(e.accepted >= 1 for e in events[:-1])
     print(
         f"\n{name}: MAL {1 + accepted / steps:.2f} over {steps} steps; {flips} near-tie flips; "
         f"agreement with plain decoding {np.mean(agreements):.3f}"
     )
     assert accepted > 0
+
+
+def test_target_init_runs_and_says_how_far_it_follows_plain_decoding(pair, plain_runs):
+    """Lossy by design: no equality with plain decoding is asserted, only that every step emits one of
+    the target's own top-w tokens first (so accepts ≥ 1); MAL and agreement are printed."""
+    steps = accepted = 0
+    agreements = []
+    for text in PROMPTS:
+        request = Request(prompt=chat_prompt(pair, text), max_tokens=TOKENS)
+        planner = MCSDTargetInitPlanner(w=2, k_config=(2, 1, 1))
+        events = [e for e in generate(pair, planner, request) if e.verified_nodes]
+        tokens = [t.id for e in events for t in e.tokens]
+        for event in events[:-1]:
+            assert event.accepted >= 1 and event.tree.child_rule[0] == ChildRule.LONGEST
+            assert event.tokens[0].id in [int(event.tree.tokens[c]) for c in event.tree.children(0)]
+        steps, accepted = steps + len(events), accepted + sum(e.accepted for e in events)
+        agreements.append(agreement(tokens, plain_runs[text][0][: len(tokens)]))
+    mal = 1 + accepted / steps
+    print(f"\nmcsd-target-init: MAL {mal:.2f}; agreement with plain {np.mean(agreements):.3f}")
 
 
 def test_sampling_at_temperature_stays_coherent(pair):

@@ -2,18 +2,20 @@
 
 Temperature 0: the output equals plain greedy decoding on the engine's prompt set, up to a
 divergence at a near-tie within the measured batch noise (see realmodels.py). Temperature > 0: each
-strategy runs with the lossless rule that matches how its children were chosen.
+strategy runs with the lossless rule that matches how its children were chosen; DySpec, whose draws
+come from per-node streams, over a sweep of seeds (its distribution is tested in test_lossless.py).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from realmodels import chat_prompt, first_divergence
 
 from edgespec.decoder import Request, generate
 from edgespec.planner.registry import make_planner
 from edgespec.planner.tree import ChildRule
-from edgespec.sampling import SamplingParams
+from edgespec.sampling import SamplingParams, target_probs
 
 pytestmark = pytest.mark.model
 
@@ -59,3 +61,36 @@ def test_sampling_uses_the_rule_matching_how_children_were_chosen(pair, strategy
     rules = {int(r) for e in events for r in e.tree.child_rule if r != ChildRule.NONE}
     assert rules == {int(STRATEGIES[strategy])}
     assert sum(e.accepted for e in events) > 0
+
+
+def test_dyspec_sampling_over_a_seed_sweep(pair):
+    """Eight seeds: every emitted token lies inside the target's nucleus at its verify row, the
+    children are sampled (residual rule), and the seeds give different answers."""
+    answers = set()
+    accepted = 0
+    for seed in range(8):
+        params = SamplingParams(temperature=0.8, top_p=0.9, seed=seed)
+        rows: list[np.ndarray] = []
+        original = pair.target.verify
+
+        def recording_verify(tree, *args, original=original, rows=rows):
+            layout, logits = original(tree, *args)
+            rows.append(logits.copy())
+            return layout, logits
+
+        request = Request(
+            prompt=chat_prompt(pair, "Name three uses of a paperclip."), max_tokens=24, sampling=params
+        )
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(pair.target, "verify", recording_verify)
+            events = [
+                e for e in generate(pair, make_planner("dyspec", {"budget": 12}), request) if e.verified_nodes
+            ]
+        assert len(events) == len(rows)
+        for event, logits in zip(events, rows):
+            assert set(event.tree.child_rule.tolist()) <= {ChildRule.NONE, ChildRule.SAMPLED}
+            for k, token in enumerate(event.tokens):
+                assert target_probs(logits[event.accepted_path[k]], params)[token.id] > 0.0, f"seed {seed}"
+        answers.add(tuple(t.id for e in events for t in e.tokens))
+        accepted += sum(e.accepted for e in events)
+    assert len(answers) > 1 and accepted > 0

@@ -17,6 +17,7 @@ from edgespec.decoder import Request, generate
 from edgespec.planner.earlystop import DecisionModel
 from edgespec.planner.mcsd import MCSDPlanner, MCSDTargetInitPlanner
 from edgespec.planner.registry import StrategyError, make_planner
+from edgespec.planner.tree import ChildRule, SparseDist, TreeBuilder
 from edgespec.prompts import PromptCase
 from edgespec.sampling import SamplingParams
 
@@ -50,20 +51,44 @@ def _events(planner, sampling=GREEDY, max_tokens=30, pair=None):
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=0.9, seed=4)])
-def test_logged_examples_are_the_accepted_paths(sampling):
+def test_logged_examples_are_the_reached_nodes_labelled_by_the_accepted_path(sampling):
     _, events = _events(MCSDPlanner(k_config=SMALL), sampling)
     assert sum(e.accepted for e in events) > 0
+    unreached = 0
     for event in events:
-        x, y, depth = tuning.step_examples(event.tree, event.accepted_path)
-        assert x.shape == (event.tree.size - 1, 11) and y.shape == depth.shape == (event.tree.size - 1,)
-        assert int(y.sum()) == event.accepted
-        accepted_nodes = [u for u in range(1, event.tree.size) if y[u - 1]]
-        assert accepted_nodes == list(event.accepted_path[1:])
+        tree, path = event.tree, event.accepted_path
+        nodes = tuning.reached_nodes(tree, path)
+        x, y, depth = tuning.step_examples(tree, path)
+        assert x.shape == (len(nodes), 11) and y.shape == depth.shape == (len(nodes),)
+        assert [u for u, accepted in zip(nodes, y) if accepted] == list(path[1:])
+        assert all(int(tree.parents[u]) in path for u in nodes)  # only children of accepted nodes
         # the accepted draft tokens are the ones the step emitted before the target's own
-        assert [int(event.tree.tokens[u]) for u in accepted_nodes] == [t.id for t in event.tokens][
-            : len(accepted_nodes)
+        assert [int(tree.tokens[u]) for u in path[1:]] == [t.id for t in event.tokens][
+            : len(path) - 1
         ] or event.finish_reason is not None
-        assert np.array_equal(depth, event.tree.depth[1:])
+        assert np.array_equal(depth, tree.depth[nodes])
+        unreached += tree.size - 1 - len(nodes)
+    assert unreached > 0  # the fix matters on these trees: some nodes were never reached
+
+
+def test_reached_nodes_stop_at_the_accepted_sibling_and_below_rejections():
+    tree = TreeBuilder(root_token=1)
+    a, b, c = (tree.add(0, t, 0.3) for t in (10, 11, 12))
+    a1 = tree.add(a, 20, 0.5)  # below a rejected node: never reached
+    b1, b2 = tree.add(b, 21, 0.5), tree.add(b, 22, 0.4)
+    b11 = tree.add(b1, 23, 0.5)
+    for node in (0, a, b, b1):  # the distributions the children were drawn from (features need them)
+        tree.dists[node] = SparseDist(ids=np.arange(10, 30, dtype=np.int32), probs=np.full(20, 0.05))
+    frozen = tree.freeze()
+    # b accepted after a was rejected (c never tried); then b1 rejected, b2 rejected: the step ends at b
+    assert tuning.reached_nodes(frozen, (0, b)) == [a, b, b1, b2]
+    assert tuning.reached_nodes(frozen, (0, b, b1)) == [a, b, b1, b11]  # b2 never tried
+    assert tuning.reached_nodes(frozen, (0,)) == [a, b, c]
+    assert a1 not in tuning.reached_nodes(frozen, (0, b, b1, b11))
+    y = tuning.step_examples(frozen, (0, b))[1]
+    assert y.tolist() == [False, True, False, False]
+    tree.set_children_rule(0, ChildRule.LONGEST)  # mcsd-target-init: a, b, c are the target's tokens
+    assert tuning.reached_nodes(tree.freeze(), (0, b)) == [b1, b2]
 
 
 def test_training_features_are_what_model_mode_predicts_on():
@@ -191,7 +216,13 @@ def test_tune_command_trains_stores_and_compares(edgespec_env, monkeypatch, tmp_
     assert rows["plain"]["mal"] == 1.0 and rows["mcsd"]["mal"] > 1.0
     assert rows["mcsd-target-init"]["target_decodes_per_step"] == 2
     assert all(r["speedup"] > 0 for r in out["compare"]["rows"])
-    assert all(r["agreement"] == 1.0 for r in out["compare"]["rows"])  # the fake has no batch noise
+    # the fake has no batch noise: the lossless variants reproduce plain decoding; the lossy one may not
+    assert all(r["agreement"] == 1.0 for r in out["compare"]["rows"] if "(lossy)" not in r["variant"])
+    assert 0.0 <= rows["mcsd-target-init"]["agreement"] <= 1.0
+    # the target's log-likelihood of what each produced: the lossless variants' text is plain decoding's
+    assert all(r["target_loglik"] < 0.0 for r in out["compare"]["rows"])
+    lossless = [r for r in out["compare"]["rows"] if "(lossy)" not in r["variant"]]
+    assert all(r["loglik_vs_plain"] == pytest.approx(0.0, abs=1e-9) for r in lossless)
     assert any("(lossy)" in r["variant"] for r in out["compare"]["rows"])
     again = parser.parse_args([*argv, "--no-train", "--compare", "--variants", "threshold", "--json"])
     assert again.run(again) == 0
@@ -220,16 +251,14 @@ def _assert_cache_is_committed(runner):
     assert all(seqs == frozenset(runner.all_seqs) for _, _, seqs in view)
 
 
-def test_target_init_greedy_equals_plain_decoding_and_keeps_the_cache_committed():
-    _, plain = _events(None, max_tokens=40)
-    expected = [t.id for e in plain for t in e.tokens]
+def test_target_init_decodes_the_root_alone_and_keeps_the_cache_committed():
     planner = MCSDTargetInitPlanner(w=2, k_config=SMALL)
-    assert planner.lossy
+    assert planner.lossy  # it keeps the branch accepted longest, not the target's own choice
     pair = FakePair(n_seq=33)
     decodes_before = pair.target.ctx.decodes
     _, events = _events(planner, max_tokens=40, pair=pair)
-    assert [t.id for e in events for t in e.tokens] == expected
-    # Greedy: the target's own top token is the first child, so every step accepts at least it.
+    assert sum(len(e.tokens) for e in events) == 40
+    # Every step emits one of the target's own candidates first: at least that token is accepted.
     assert all(e.accepted >= 1 for e in events if not e.finish_reason)
     assert pair.target.ctx.decodes - decodes_before == 1 + 2 * len(events)  # prefill, then 2 per step
     assert all(size == 1 for size in pair.target.ctx.batch_sizes[1::2])  # the root alone
@@ -243,3 +272,15 @@ def test_target_init_samples_on_the_engine():
     )
     assert sum(len(e.tokens) for e in events) == 30 and sum(e.accepted for e in events) > 0
     _assert_cache_is_committed(pair.target)
+
+
+def test_target_log_likelihood_matches_token_by_token_decoding():
+    pair = FakePair(n_seq=33)
+    answer = [3, 9, 4, 11, 7]
+    got = tuning.target_log_likelihood(pair, PROMPT, answer)
+    pair.target.sync(PROMPT[:-1])
+    rows = np.stack([pair.target.decode_root(t).copy() for t in [PROMPT[-1], *answer[:-1]]]).astype(float)
+    peak = rows.max(axis=1, keepdims=True)
+    log_p = rows - peak - np.log(np.exp(rows - peak).sum(axis=1, keepdims=True))  # log softmax per row
+    assert got == pytest.approx(float(np.mean(log_p[np.arange(len(answer)), answer])), rel=1e-9)
+    assert np.isnan(tuning.target_log_likelihood(pair, PROMPT, []))

@@ -29,8 +29,9 @@ layer's best slots first. With t equal to the value of Algorithm 1's last pop it
 Greedy target: y is the most likely remaining token (``ChildRule.TOP``). Sampling: y is drawn from
 R — without replacement from q — and the verifier undoes exactly that with the residual rule
 (``ChildRule.SAMPLED``, DySpec Alg. 3). The draws at a node use the Gumbel-top-k trick with noise
-seeded by (step seed, the node's token path), so they do not depend on the order in which nodes are
-expanded; both variants therefore draw the same tokens at the same node.
+from the node's own stream (``node_rng``: step seed and token path, encoded unambiguously), so they
+do not depend on the order in which nodes are expanded; both variants draw the same tokens at the
+same node.
 """
 
 from __future__ import annotations
@@ -41,7 +42,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .tree import ChildRule, Drafter, DraftTree, PlanContext, PlanStats, SparseDist, TreeBuilder
+from .tree import (
+    ChildRule,
+    Drafter,
+    DraftTree,
+    PlanContext,
+    PlanStats,
+    SparseDist,
+    TreeBuilder,
+    node_rng,
+    step_seed,
+)
 
 
 def draw_order(dist: SparseDist, seed: int | None, path: Sequence[int]) -> np.ndarray:
@@ -55,7 +66,7 @@ def draw_order(dist: SparseDist, seed: int | None, path: Sequence[int]) -> np.nd
     live = np.flatnonzero(q > 0.0)
     if seed is None:
         return live  # the probabilities are sorted, descending
-    rng = np.random.default_rng([seed, *(int(t) for t in path)])
+    rng = node_rng(seed, path)
     keys = np.log(q[live]) + rng.gumbel(size=live.shape[0])
     return live[np.argsort(-keys, kind="stable")]
 
@@ -93,7 +104,7 @@ class DySpecPlanner:
 
     def plan(self, root_token: int, drafter: Drafter, ctx: PlanContext) -> DraftTree:
         tree = TreeBuilder(root_token)
-        seed = int(ctx.rng.integers(2**63)) if ctx.sampling else None
+        seed = step_seed(ctx) if ctx.sampling else None
         rule = ChildRule.SAMPLED if ctx.sampling else ChildRule.TOP
         budget = min(self.budget, ctx.max_nodes - 1)
         run = self._by_threshold if self.threshold > 0 else self._by_budget

@@ -6,15 +6,15 @@ children: drawn without replacement from the draft's q when the target samples (
 residual rule, ``ChildRule.SAMPLED``), the top k_i when it is greedy (``ChildRule.TOP``). One draft
 decode per level. Default (4, 2, 2, 1), the configuration Lu et al. found best (§4.1).
 
-**Target-initialised (``mcsd-target-init``, the paper's (w, k_1, k_2, …)).** The root's w children
-come from the *target's* distribution after the root, not the draft's; the draft then grows the
-k-configuration below each. The planner needs that distribution: pass ``plan(..., root_dist=...)``
-or set ``target_root`` (a callback: root token → the target's ``SparseDist`` after it; computing it
-costs one extra target decode of the root — the paper's "one more target forward pass"). The
-children are recorded as drawn from that distribution (``tree.dists[0]``): sampled without
-replacement with the residual rule, or the target's top w under greedy, so the verifier's rules stay
-exact. The paper instead picks, among the w target tokens, the one whose draft continuation is
-accepted longest — that changes the output distribution (its Table 1), hence ``lossy = True``.
+**Target-initialised (``mcsd-target-init``, the paper's (w, k_1, k_2, …)); LOSSY.** The target
+decodes the root alone first (the paper's "one more target forward pass"); its w most likely tokens
+(greedy), or w tokens sampled from its distribution, become the root's children, and the draft grows
+the k-configuration below each. The verifier checks every branch below its target token with the
+usual rules and keeps the branch accepted longest (``ChildRule.LONGEST``). Which first token is
+emitted then depends on how well the draft continues it — the output is no longer the target's (the
+paper's Table 1; under greedy the emitted token may not be the target's argmax). The planner needs
+that distribution: pass ``plan(..., root_dist=...)`` or set ``target_root`` (root token → the
+target's ``SparseDist`` after it).
 
 **Sliced topology-aware layout (§3.2).** ``build_layout`` computes the batch layout of the full
 k-configuration tree once (positions, parents, ancestor mask, leaf membership); ``slice_layout``
@@ -190,7 +190,8 @@ class MCSDPlanner:
 
     def plan(self, root_token: int, drafter: Drafter, ctx: PlanContext) -> DraftTree:
         tree = TreeBuilder(root_token)
-        decodes, evaluated = self._grow(tree, [0], self.k_config, drafter, ctx)
+        rng = ctx.rng if ctx.sampling else None
+        decodes, evaluated = self._grow(tree, [0], self.k_config, drafter, rng, self._cap(ctx))
         return self._finish(tree, decodes, evaluated)
 
     # -- shared by both variants --------------------------------------------------------------------
@@ -198,12 +199,14 @@ class MCSDPlanner:
         cap = ctx.max_nodes - 1
         return min(self.budget, cap) if self.budget > 0 else cap
 
+    @staticmethod
     def _children(
-        self, tree: TreeBuilder, node: int, dist: SparseDist, k: int, ctx: PlanContext, cap: int
+        tree: TreeBuilder, node: int, dist: SparseDist, k: int, rng: np.random.Generator | None, cap: int
     ) -> list[int]:
-        """Give ``node`` up to k children from ``dist`` (sampled without replacement, or the top k)."""
-        if ctx.sampling:
-            picks, rule = sample_without_replacement(dist, k, ctx.rng), ChildRule.SAMPLED
+        """Give ``node`` up to k children from ``dist``: drawn without replacement from q when sampling
+        (``rng`` given: the decoder's stream; the draws are fresh, whatever else used it), else the top k."""
+        if rng is not None:
+            picks, rule = sample_without_replacement(dist, k, rng), ChildRule.SAMPLED
         else:
             picks, rule = list(range(min(k, int(np.count_nonzero(dist.probs > 0.0))))), ChildRule.TOP
         added = []
@@ -214,14 +217,19 @@ class MCSDPlanner:
         return added
 
     def _grow(
-        self, tree: TreeBuilder, level: list[int], config: Sequence[int], drafter: Drafter, ctx: PlanContext
+        self,
+        tree: TreeBuilder,
+        level: list[int],
+        config: Sequence[int],
+        drafter: Drafter,
+        rng: np.random.Generator | None,
+        cap: int,
     ) -> tuple[int, int]:
         """Expand ``level`` and its descendants by ``config``, one draft decode per level.
 
         The first level (the root, or the target's own tokens) is always expanded; early stopping
         applies to the draft's tokens below it.
         """
-        cap = self._cap(ctx)
         decodes = evaluated = 0
         for i, k in enumerate(config):
             if not level or tree.size - 1 >= cap:
@@ -233,7 +241,7 @@ class MCSDPlanner:
             decodes, evaluated = decodes + 1, evaluated + len(level)
             nxt = []
             for node, dist in zip(level, dists):
-                nxt.extend(self._children(tree, node, dist, k, ctx, cap))
+                nxt.extend(self._children(tree, node, dist, k, rng, cap))
             level = nxt
         return decodes, evaluated
 
@@ -291,6 +299,9 @@ class MCSDTargetInitPlanner(MCSDPlanner):
         tree = TreeBuilder(root_token)
         drafter.expand(tree, [0])  # the draft must still decode the root; its own q is not used here
         tree.dists[0] = root_dist  # the distribution the root's children are taken from
-        level = self._children(tree, 0, root_dist, self.w, ctx, self._cap(ctx))
-        decodes, evaluated = self._grow(tree, level, self.k_config, drafter, ctx)
+        rng, cap = (ctx.rng if ctx.sampling else None), self._cap(ctx)
+        level = self._children(tree, 0, root_dist, self.w, rng, cap)  # the target's top w, or w draws
+        if level:
+            tree.set_children_rule(0, ChildRule.LONGEST)  # the verifier keeps the longest accepted branch
+        decodes, evaluated = self._grow(tree, level, self.k_config, drafter, rng, cap)
         return self._finish(tree, decodes + 1, evaluated + 1)

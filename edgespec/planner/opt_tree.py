@@ -12,6 +12,10 @@ Algorithm 1, level by level (one batched draft decode per level):
 2. E_new = the sum of the n largest p̂ in the whole tree so far (non-decreasing, Theorem 3.2);
 3. stop when E_new − E_old < δ — a deeper level costs one more draft step, worth it only if it
    adds more than δ expected tokens, with μ ≤ δ ≤ 1 where μ = draft step time / target step time;
+   here both are measured (the pair's cost profile, ``use_costs``): μ = c_d(m) / c_t(n + 1), a draft
+   level of the m nodes about to be expanded over verifying the tree's n + 1 tokens. One draft token
+   over one target token, c_d(1) / c_t(1), would undercount a level of m nodes wherever that costs
+   more than one decode (on a CPU, about m decodes) and grow trees too deep;
 4. finally keep the n nodes with the largest p̂ overall.
 
 A free saving over the paper: a layer node outside the current overall top n can never enter the
@@ -32,6 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .auto import CostModel
 from .tree import ChildRule, Drafter, DraftTree, PlanContext, PlanStats, TreeBuilder
 from .tsd import best_by_path_prob
 
@@ -61,51 +66,51 @@ def subtree(tree: TreeBuilder, keep: np.ndarray) -> TreeBuilder:
 @dataclass
 class OptTreePlanner:
     budget: int = 24  # n: draft tokens in the tree, root excluded (the paper uses 25–60 nodes in all)
-    mu: float | None = None  # μ = draft step time / target step time; None → measured (use_costs)
+    mu: float | None = None  # μ = draft level time / target step time; None → measured (use_costs)
     delta: float | None = None  # δ: stop deepening when E(A) grows by less; None → μ (break-even)
     max_depth: int = 10  # hard cap on drafting steps
     name: str = "opt-tree"
     lossy: bool = False
-    measured_mu: float | None = None  # from the pair's cost profile, when one is attached
+    costs: CostModel | None = None  # the pair's cost profile, when one is attached
 
     DEFAULT_MU = 0.15  # without a profile: a 0.5B draft against a ~7B target on a GPU
 
-    def use_costs(self, costs) -> None:
-        """Take μ from the pair's cost profile: one draft decode over one target decode, c_d(1)/c_t(1)."""
-        self.measured_mu = float(costs.draft[0] / costs.target[0])
+    def use_costs(self, costs: CostModel) -> None:
+        """Take μ from the pair's cost profile: its draft level and target verify curves."""
+        self.costs = costs
 
-    @property
-    def threshold(self) -> float:
-        """δ, the minimum gain in E(A) that pays for one more draft step: δ = μ unless given."""
+    def threshold(self, level: int, n: int) -> float:
+        """δ, the gain in E(A) that pays for a draft level of ``level`` nodes in a tree of n draft
+        tokens: δ = μ unless given; μ = c_d(level) / c_t(n + 1) when measured."""
         if self.delta is not None:
             return self.delta
         if self.mu is not None:
             return self.mu
-        return self.DEFAULT_MU if self.measured_mu is None else self.measured_mu
+        if self.costs is None:
+            return self.DEFAULT_MU
+        return float(self.costs.d(level) / self.costs.t(n + 1))
 
     def describe(self) -> str:
-        return f"n={self.budget} δ={self.threshold:.3g} depth≤{self.max_depth}"
+        # δ shown for a full level of n nodes (the largest OPT-Tree expands)
+        return f"n={self.budget} δ={self.threshold(self.budget, self.budget):.3g} depth≤{self.max_depth}"
 
     def plan(self, root_token: int, drafter: Drafter, ctx: PlanContext) -> DraftTree:
         tree = TreeBuilder(root_token)
         n = min(self.budget, ctx.max_nodes - 1)
         capacity = ctx.max_nodes - 1  # nodes besides the root the draft may evaluate (its sequences)
         layer, e_old, decodes, evaluated = [0], 0.0, 0, 0
-        for _ in range(self.max_depth):
-            if n <= 0:
-                break
-            if layer != [0]:
-                kept = set(top_nodes(np.asarray(tree.path_prob), n).tolist())
-                layer = best_by_path_prob(tree, [u for u in layer if u in kept], capacity - evaluated)
-                if not layer:
-                    break  # nothing left that could still reach the final top n
+        for _ in range(self.max_depth if n > 0 else 0):
             dists = drafter.expand(tree, layer)
             decodes += 1
             evaluated += len(layer) - (1 if layer == [0] else 0)
-            layer = self._next_layer(tree, layer, dists, n)
+            children = self._next_layer(tree, layer, dists, n)
             e_new = float(np.sort(np.asarray(tree.path_prob[1:]))[::-1][:n].sum())  # E_sub(T, n)
             gain, e_old = e_new - e_old, e_new
-            if not layer or gain < self.threshold:
+            # The next level: the new children inside the current overall top n (the rest can never
+            # enter the final top n), as many as the draft's sequences allow.
+            kept = set(top_nodes(np.asarray(tree.path_prob), n).tolist())
+            layer = best_by_path_prob(tree, [u for u in children if u in kept], capacity - evaluated)
+            if not layer or gain < self.threshold(len(layer), n):  # the last gain vs the next level's cost
                 break
         out = subtree(tree, top_nodes(np.asarray(tree.path_prob), n))
         stats = PlanStats(

@@ -256,8 +256,8 @@ STRATEGIES: dict[str, Strategy] = {
                     "mu",
                     "float",
                     None,
-                    "μ: draft step time / target step time (default: measured, from the pair's "
-                    "cost profile; 0.15 without one)",
+                    "μ: draft level time / target step time (default: measured per level from the "
+                    "pair's cost profile, c_d(level size) / c_t(n + 1); 0.15 without one)",
                     minimum=0,
                 ),
                 Param("delta", "float", None, "δ: stop deepening when E(A) grows by less (default: μ)"),
@@ -302,7 +302,7 @@ STRATEGIES: dict[str, Strategy] = {
         ),
         Strategy(
             "mcsd-target-init",
-            "MCSD with the root's w candidates from the target (lossy; needs decoder support)",
+            "MCSD below the target's own w first tokens; the branch accepted longest wins (lossy)",
             "Lu et al. 2024, §3.1",
             (
                 Param(

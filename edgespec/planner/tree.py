@@ -24,6 +24,8 @@ class ChildRule(IntEnum):
     NONE = 0  # not expanded (a leaf)
     TOP = 1  # deterministic (top-k of the draft): one-hot rule — accept x with p(x), else p[x] = 0
     SAMPLED = 2  # sampled without replacement from q: residual rule — accept with min(1, p/q)
+    LONGEST = 3  # the target's own candidates (mcsd-target-init): keep the one whose subtree is accepted
+    # longest — LOSSY: which token is emitted then depends on how well the draft continues it
 
 
 @dataclass(frozen=True)
@@ -190,6 +192,29 @@ class Planner(Protocol):
     def describe(self) -> str:
         """Short parameter summary for status bars and bench tables, e.g. 'k=4 τ=2 budget=16'."""
         ...
+
+
+def node_rng(step_seed: int, path: Sequence[int]) -> np.random.Generator:
+    """The random stream of one tree node: a function of the step's seed and the node's token path only,
+    so draws do not depend on the order in which a planner visits nodes (DySpec; any planner whose
+    draws must not depend on that order — planners that draw in one fixed order may simply use
+    ``ctx.rng``, whose draws are fresh whatever else used it).
+
+    The seed words must be unambiguous. numpy pads a seed with zero words, so ``[seed, *path]`` gives a
+    depth-1 node whose token id is 0 the root's own stream (issue 11) — its draws are then correlated
+    with the draws that decide whether it is accepted, and verification is no longer lossless. Here the
+    words are: the step seed as two fixed 32-bit words, the path's length, then every id + 1. Distinct
+    (seed, path) give distinct word lists, and the last word is never 0, so no two pad to the same.
+    """
+    if not 0 <= step_seed < 2**64:
+        raise ValueError(f"step seed {step_seed} is not a 64-bit unsigned integer")
+    words = [step_seed & 0xFFFFFFFF, step_seed >> 32, len(path), *(int(t) + 1 for t in path)]
+    return np.random.default_rng(words)
+
+
+def step_seed(ctx: PlanContext) -> int:
+    """One seed per planning step, from the decoder's generator; the nodes' streams derive from it."""
+    return int(ctx.rng.integers(2**63))
 
 
 def sample_without_replacement(dist: SparseDist, k: int, rng: np.random.Generator) -> list[int]:
