@@ -272,6 +272,7 @@ class AutoPlanner:
     costs: CostModel | None = None  # the pair's measured curves (``use_costs``); None → plain decoding
     name: str = "auto"
     lossy: bool = False
+    needs_draft: bool = True
     # -- learned online (observe) -----------------------------------------------------------------
     accepted: float = field(default=PRIOR_WEIGHT, repr=False)  # decayed Σ accepted draft tokens
     predicted: float = field(default=PRIOR_WEIGHT, repr=False)  # decayed Σ p̂ of the verified trees
