@@ -442,6 +442,12 @@ def make_planner(name: str, params: Mapping[str, Any] | None = None) -> Planner:
         raise StrategyError(f"{name}: {exc}") from exc
 
 
+def needs_draft(name: str) -> bool:
+    """Whether strategy ``name`` drafts with the draft model (``ngram`` copies and needs none): the
+    planner's own declaration, so the CLI and the TUI load a draft only when it will be used."""
+    return make_planner(name).needs_draft
+
+
 def parameter_table() -> list[dict[str, Any]]:
     """One row per (strategy, parameter): strategy, name, flag, type, default, help — for docs and --help."""
     return [
