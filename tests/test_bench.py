@@ -232,10 +232,14 @@ def test_parse_variants():
 
 # -- prompts --------------------------------------------------------------------------------------------
 def test_builtin_prompt_sets():
-    assert set(PROMPT_SETS) == {"code", "chat", "math", "summarisation", "translation"}
-    assert all(len(cases) >= 4 for cases in PROMPT_SETS.values())
-    assert all(len(c.messages) >= 3 for c in PROMPT_SETS["chat"])  # multi-turn
-    assert 4 <= len(QUICK_PROMPTS) <= 6 and {c.category for c in QUICK_PROMPTS} == set(PROMPT_SETS)
+    papers = {"code", "chat", "math", "summarisation", "translation"}
+    copying = {"edit", "summarise", "follow-up"}  # the answer repeats the conversation
+    assert set(PROMPT_SETS) == papers | copying | {"prose"}
+    assert all(len(cases) >= 3 for cases in PROMPT_SETS.values())
+    assert all(len(c.messages) >= 3 for c in PROMPT_SETS["chat"] + PROMPT_SETS["follow-up"])  # multi-turn
+    assert all("```" in c.last_user_text for c in PROMPT_SETS["edit"])  # a code block to rewrite
+    assert all(c.name.startswith(f"{c.category}/") for cases in PROMPT_SETS.values() for c in cases)
+    assert 4 <= len(QUICK_PROMPTS) <= 6 and {c.category for c in QUICK_PROMPTS} == papers | {"edit"}
     everything = prompt_set("all")
     assert len({c.name for c in everything}) == len(everything) == sum(map(len, PROMPT_SETS.values()))
     assert prompt_set("math,code")[0].category == "math"
