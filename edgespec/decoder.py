@@ -89,9 +89,9 @@ def generate(
 
 
 def _cut(tokens: tuple[EmittedToken, ...], model, budget: int) -> tuple[tuple[EmittedToken, ...], str | None]:
-    """Stop at end-of-generation tokens (not shown) and at the token budget."""
+    """Stop at end-of-generation tokens (not shown) and at the token budget, whichever comes first."""
     for i, tok in enumerate(tokens):
-        if model.is_eog(tok.id):
+        if model.is_eog(tok.id) and i <= budget:
             return tokens[:i], "stop"
     if len(tokens) >= budget:
         return tokens[:budget], "length"

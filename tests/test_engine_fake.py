@@ -94,6 +94,18 @@ def test_sampling_runs_and_is_reproducible():
     assert first == again and len(first) == 40
 
 
+def test_a_step_past_max_tokens_is_cut_even_when_it_ends_the_turn():
+    from fake_llama import EOS, FakeModel
+
+    from edgespec.decoder import _cut
+    from edgespec.events import EmittedToken, Provenance
+
+    step = tuple(EmittedToken(t, Provenance.DRAFT, 1.0) for t in (5, 6, 7, 8, EOS))
+    assert _cut(step, FakeModel(), 2) == (step[:2], "length")  # the end of turn lies past the budget
+    assert _cut(step, FakeModel(), 4) == (step[:4], "stop")
+    assert _cut(step, FakeModel(), 9) == (step[:4], "stop")
+
+
 def test_max_tokens_and_cancel():
     import threading
 
