@@ -30,7 +30,7 @@ agrees with the copied text on a = n + d − 1 tokens. Its estimated acceptance 
 where r(a) is the rate at which the target accepts copies with agreement a — learned online from
 every *tested* copy (one whose parent was accepted): r(a) = Σ accepted / Σ share, with a prior
 r₀(a) = 0.9 − 0.7 · 0.75^(a−1) worth PRIOR_WEIGHT copies. p̂(c) = Π q along its path, the same
-quantity drafted nodes carry, so copies and drafts compete in one budget (see ``hybrid``).
+quantity drafted nodes carry, so copies and drafts compete in one budget (``copy_drafts``).
 
 Versus llama.cpp's model-free drafting: prompt lookup / ``ngram-simple`` take the newest match of
 one fixed n and draft its continuation as a single chain; the map variants keep per-key counts but
@@ -75,9 +75,6 @@ class NGramIndex:
         self.n_max, self.n_min = n_max, n_min
         self.tokens: list[int] = []
         self.ends: dict[tuple[int, ...], list[int]] = {}  # n-gram → continuation starts, ascending
-
-    def __len__(self) -> int:
-        return len(self.tokens)
 
     def append(self, token: int) -> None:
         self.tokens.append(int(token))
