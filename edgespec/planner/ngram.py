@@ -29,7 +29,7 @@ agrees with the copied text on a = n + d − 1 tokens. Its estimated acceptance 
 
 where r(a) is the rate at which the target accepts copies with agreement a — learned online from
 every *tested* copy (one whose parent was accepted): r(a) = Σ accepted / Σ share, with a prior
-r₀(a) = 0.9 − 0.7 · 0.75^(a−1) worth PRIOR_WEIGHT copies. p̂(c) = Π q along its path, the same
+r₀(a) = 0.97 − 0.77 · 0.7^(a−1) worth PRIOR_WEIGHT copies. p̂(c) = Π q along its path, the same
 quantity drafted nodes carry, so copies and drafts compete in one budget (``copy_drafts``).
 
 Versus llama.cpp's model-free drafting: prompt lookup / ``ngram-simple`` take the newest match of
@@ -52,9 +52,9 @@ from .tree import ChildRule, DraftTree, PlanContext, PlanStats, TreeBuilder
 
 WEIGHT_BASE = 4.0  # a match one token longer counts as this many shorter ones
 AGREE_BINS = 24  # agreement lengths learned separately; longer ones share the last bin
-PRIOR_WEIGHT = 4.0  # the prior counts as this many tested copies per bin
+PRIOR_WEIGHT = 2.0  # the prior counts as this many tested copies per bin
 DECAY = 0.98  # per step with tested copies: older evidence fades
-Q_MAX = 0.99  # no copy is certain
+Q_MAX = 0.995  # no copy is certain
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -180,7 +180,7 @@ class CopyTrie:
 
 def prior_rate(agree: np.ndarray) -> np.ndarray:
     """r₀(a): a short match is often a coincidence, a long one usually continues."""
-    return 0.9 - 0.7 * 0.75 ** (np.maximum(agree, 1) - 1)
+    return 0.97 - 0.77 * 0.7 ** (np.maximum(agree, 1) - 1)
 
 
 @dataclass
