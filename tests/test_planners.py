@@ -419,6 +419,14 @@ def test_make_planner_defaults_and_overrides():
         assert planner.name == name and isinstance(planner.describe(), str)
 
 
+def test_only_copying_needs_no_draft():
+    from edgespec.options import needs_draft
+
+    assert {name for name in STRATEGY_NAMES if not make_planner(name).needs_draft} == {"ngram"}
+    assert not needs_draft("none") and not needs_draft("ngram")
+    assert needs_draft("hybrid") and needs_draft("auto") and needs_draft("chain")
+
+
 @pytest.mark.parametrize(
     "name,params,message",
     [
