@@ -103,6 +103,8 @@ def test_summary_has_one_entry_per_strategy_with_paired_ratios(fake_bench):
     assert summary["baseline"]["mal"] == 1.0 and summary["baseline"]["runs"] == 10
     assert [p["order"] for p in summary["per_prompt"]][0][:3] == [PLAIN, "chain:2", PLAIN]
     assert len(summary["per_prompt"][0]["variants"]["auto"]["ratios"]) == 2
+    chain = summary["per_prompt"][0]["variants"]["chain:2"]
+    assert chain["verified_per_step"] == pytest.approx(3.0) and chain["mal"] > 1.0  # per prompt, too
 
 
 def _run(variant: str, n: int, seconds: float) -> Run:

@@ -285,6 +285,7 @@ def summarise(result: BenchResult) -> dict:
                     "ratios": pr.ratios(v.key),
                     "ratio": pr.ratio(v.key),
                     "mal": runs[0].stats.mean_accepted_length,
+                    "verified_per_step": runs[0].stats.verified_nodes / max(runs[0].stats.target_calls, 1),
                 }
         per_prompt.append(
             {
