@@ -46,13 +46,13 @@ def generate(
     rng = np.random.default_rng(request.sampling.seed)
     start = perf_counter()
     pair.target.sync(request.prompt[:-1])
-    if planner is not None:
+    if planner is not None and planner.needs_draft:
         pair.draft.sync(request.prompt)
     prefill = perf_counter() - start
     root = int(request.prompt[-1])
     detok = Detokenizer(pair.target.model.piece)
     stops = StopStrings(request.stop)
-    produced = 0
+    produced, fresh = 0, True
     while True:
         if cancel is not None and cancel.is_set():
             yield _finish("cancelled", stops.flush())
@@ -65,9 +65,9 @@ def generate(
             step = plain_step(pair.target, root, request.sampling, rng)
         else:
             step = speculative_step(
-                pair, planner, root, request.sampling, rng, max_nodes=min(room, pair.max_nodes)
+                pair, planner, root, request.sampling, rng, max_nodes=min(room, pair.max_nodes), fresh=fresh
             )
-        root = step.next_root
+        root, fresh = step.next_root, False
         tokens, finish = _cut(step.tokens, pair.target.model, request.max_tokens - produced)
         produced += len(tokens)
         text = stops.feed("".join(detok.push(t.id) for t in tokens))
@@ -89,9 +89,9 @@ def generate(
 
 
 def _cut(tokens: tuple[EmittedToken, ...], model, budget: int) -> tuple[tuple[EmittedToken, ...], str | None]:
-    """Stop at end-of-generation tokens (not shown) and at the token budget."""
+    """Stop at end-of-generation tokens (not shown) and at the token budget, whichever comes first."""
     for i, tok in enumerate(tokens):
-        if model.is_eog(tok.id):
+        if model.is_eog(tok.id) and i <= budget:
             return tokens[:i], "stop"
     if len(tokens) >= budget:
         return tokens[:budget], "length"
@@ -125,17 +125,39 @@ def plain_step(target, root: int, params: SamplingParams, rng: np.random.Generat
 
 
 # -- speculative decoding ---------------------------------------------------------------------------
+class _NoDraft:
+    """The draft for planners that need none (``needs_draft = False``): no work, no time."""
+
+    decode_seconds = 0.0
+    decodes = 0
+
+    def begin_step(self, temperature: float) -> None:
+        pass
+
+    def commit(self, tree: DraftTree, path: Sequence[int], next_token: int) -> None:
+        pass
+
+
 def speculative_step(
-    pair, planner: Planner, root: int, params: SamplingParams, rng: np.random.Generator, max_nodes: int
+    pair,
+    planner: Planner,
+    root: int,
+    params: SamplingParams,
+    rng: np.random.Generator,
+    max_nodes: int,
+    fresh: bool = True,
 ) -> _Step:
-    draft, target = pair.draft, pair.target
+    """One step; ``fresh``: the request's first (the history may differ from the last request's)."""
+    draft = pair.draft if planner.needs_draft else _NoDraft()
+    target = pair.target
     start = step_start = perf_counter()
     decoding = _llama_seconds(pair)
     # mcsd-target-init: the target decodes the root alone first (committing it); its row is the
     # distribution the root's children are taken from, and row 0 of the verification below.
     root_row = target.decode_root(root).copy() if getattr(planner, "needs_target_root", False) else None
     root_seconds = perf_counter() - start
-    tree, plan_seconds = plan(draft, planner, root, params, rng, max_nodes, root_row)
+    history = target.committed if root_row is None else target.committed[:-1]  # before the root
+    tree, plan_seconds = plan(draft, planner, root, params, rng, max_nodes, root_row, history, fresh)
     start = perf_counter()
     layout, target_rows = target.verify(tree, root_row)  # pack + the one target decode
     verified = perf_counter()
@@ -175,17 +197,27 @@ def speculative_step(
 
 def _llama_seconds(pair) -> float:
     """Time both models have spent inside llama_decode so far (a running total: take differences)."""
-    return pair.target.ctx.decode_seconds + pair.draft.ctx.decode_seconds
+    draft = pair.draft.ctx.decode_seconds if pair.draft is not None else 0.0  # ngram loads no draft
+    return pair.target.ctx.decode_seconds + draft
 
 
 def plan(
-    draft, planner: Planner, root: int, params: SamplingParams, rng, max_nodes: int, root_row=None
+    draft,
+    planner: Planner,
+    root: int,
+    params: SamplingParams,
+    rng,
+    max_nodes: int,
+    root_row=None,
+    history: Sequence[int] = (),
+    fresh: bool = True,
 ) -> tuple[DraftTree, float]:
     """Grow this step's draft tree (the draft model decodes level by level inside). ``root_row``: the
-    target's logits after the root, for planners that take the root's children from the target."""
+    target's logits after the root, for planners that take the root's children from the target.
+    ``history``: the committed tokens before the root (planners that copy from the conversation)."""
     start = perf_counter()
     draft.begin_step(params.temperature)
-    ctx = PlanContext(sampling=not params.greedy, rng=rng, max_nodes=max_nodes)
+    ctx = PlanContext(sampling=not params.greedy, rng=rng, max_nodes=max_nodes, history=history, fresh=fresh)
     if root_row is None:
         tree = planner.plan(root, draft, ctx)
     else:
@@ -218,9 +250,7 @@ def provenance(tree: DraftTree, verdict: Verdict, target_rows: np.ndarray) -> tu
     """The committed tokens: accepted drafts (decided at their parent's row), then the target's own."""
     emitted = [
         EmittedToken(
-            int(tree.tokens[node]),
-            Provenance.MERGED if tree.merged[node] else Provenance.DRAFT,
-            top2_margin(target_rows[tree.parents[node]]),
+            int(tree.tokens[node]), _source(tree, node), top2_margin(target_rows[tree.parents[node]])
         )
         for node in verdict.path[1:]
     ]
@@ -228,3 +258,11 @@ def provenance(tree: DraftTree, verdict: Verdict, target_rows: np.ndarray) -> tu
         EmittedToken(verdict.next_token, Provenance.TARGET, top2_margin(target_rows[verdict.path[-1]]))
     )
     return tuple(emitted)
+
+
+def _source(tree: DraftTree, node: int) -> Provenance:
+    """Who proposed an accepted node: a GSD replica, a copy from the conversation (also when the
+    draft proposed it too: copying alone would have), or the draft."""
+    if tree.merged[node]:
+        return Provenance.MERGED
+    return Provenance.COPIED if tree.copied[node] else Provenance.DRAFT

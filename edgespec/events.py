@@ -11,6 +11,7 @@ from .planner.tree import DraftTree
 class Provenance(str, Enum):
     DRAFT = "draft"  # a draft token the target accepted
     MERGED = "merged"  # an accepted draft token that came from a GSD-merged (reused) node
+    COPIED = "copied"  # an accepted token copied from the conversation (n-gram match): no draft decode
     TARGET = "target"  # chosen by the target itself (correction or bonus token, or plain decoding)
 
 

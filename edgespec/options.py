@@ -59,6 +59,11 @@ def add_strategy_args(parser: argparse.ArgumentParser, default: str = "auto") ->
     strategies.add_parameter_flags(group)
 
 
+def needs_draft(strategy: str) -> bool:
+    """Whether ``--strategy`` needs the draft model loaded (not for plain decoding, nor for copying)."""
+    return strategy != "none" and strategies.needs_draft(strategy)
+
+
 def sampling_params(args: argparse.Namespace) -> SamplingParams:
     return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
 
@@ -89,7 +94,10 @@ def resolve_pair(args: argparse.Namespace, need_draft: bool = True) -> ResolvedP
     store = ModelStore()
     if args.target:
         if need_draft and not args.draft:
-            raise EdgespecError("--target needs --draft too (or use --strategy none for plain decoding).")
+            raise EdgespecError(
+                "--target needs --draft too (or use --strategy none for plain decoding, or ngram to copy "
+                "from the conversation)."
+            )
         target = str(store.ensure(args.target))
         draft = str(store.ensure(args.draft)) if need_draft and args.draft else None
         return ResolvedPair(f"{args.target}+{args.draft}", target, draft, {})

@@ -5,6 +5,11 @@ and ``translation`` — the task mix of the speculative-decoding papers (MT-Benc
 math, CNN/DM-like summaries, WMT-like translation, HumanEval-like code), in our own words. ``quick``
 is one or two short prompts per set, for ``edgespec bench --quick``.
 
+Sets where the answer repeats the conversation, so copying it (``ngram``, ``hybrid``) pays — ``edit``
+(rewrite, fix, rename code that was pasted), ``summarise`` (proofread, quote, reformat a pasted text),
+``follow-up`` (change the previous answer) — and ``prose``, free writing where nothing is there to
+copy, live in ``data/copy_prompts.toml``.
+
 A JSONL file has one prompt per line: ``{"prompt": "..."}`` or ``{"messages": [{"role": "user",
 "content": "..."}, ...]}``, optionally with ``"name"`` and ``"category"``.
 """
@@ -12,11 +17,18 @@ A JSONL file has one prompt per line: ``{"prompt": "..."}`` or ``{"messages": [{
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 from .errors import EdgespecError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
 
 # Varied on purpose: code, prose, non-English scripts and emoji (multi-byte UTF-8 across tokens).
 ENGINE_PROMPTS: tuple[str, ...] = (
@@ -235,13 +247,27 @@ PROMPT_SETS: dict[str, tuple[PromptCase, ...]] = {
     ),
 }
 
-# One short prompt per set: enough to show each task's acceptance, and fast on a CPU.
+
+def _copy_sets() -> dict[str, tuple[PromptCase, ...]]:
+    """The sets of ``data/copy_prompts.toml``: set name → entries with a slug and the turns."""
+    text = resources.files("edgespec").joinpath("data/copy_prompts.toml").read_text(encoding="utf-8")
+    return {
+        name: tuple(_turns(name, entry["slug"], *entry["turns"]) for entry in entries)
+        for name, entries in tomllib.loads(text).items()
+    }
+
+
+PROMPT_SETS.update(_copy_sets())
+
+# One short prompt per paper-style set and one edit: enough to show each task's acceptance, and fast
+# on a CPU.
 QUICK_PROMPTS: tuple[PromptCase, ...] = (
     PROMPT_SETS["code"][0],
     PROMPT_SETS["chat"][1],
     PROMPT_SETS["math"][0],
     PROMPT_SETS["summarisation"][1],
     PROMPT_SETS["translation"][0],
+    PROMPT_SETS["edit"][0],
 )
 
 

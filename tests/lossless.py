@@ -122,8 +122,13 @@ def planner_for(name: str, pair: SyntheticPair):
     return planner
 
 
+# The conversation before the root, for planners that copy from it (ngram, hybrid, auto): ROOT recurs
+# after "1 2" and alone, with different continuations, so copies branch (siblings) and run deep.
+HISTORY = (1, 2, ROOT, 7, 8, 9, 3, 4, ROOT, 0, 1, 2, 6, 11, ROOT, 7, 8, 10, 12, 13, 1, 2)
+
+
 def _plan(planner, pair: SyntheticPair, rng: np.random.Generator) -> DraftTree:
-    ctx = PlanContext(sampling=True, rng=rng, max_nodes=64)
+    ctx = PlanContext(sampling=True, rng=rng, max_nodes=64, history=HISTORY, fresh=True)
     if getattr(planner, "needs_target_root", False):  # the target's own candidates at the root
         p = pair.target[ROOT]
         order = np.argsort(-p, kind="stable").astype(np.int32)

@@ -11,6 +11,7 @@ from fakes import SyntheticDrafter, sparse
 from edgespec.decoder import Request, generate
 from edgespec.events import EmittedToken, Provenance, StepEvent, StepTimings
 from edgespec.planner.auto import (
+    COPY,
     PLAIN,
     PROBE,
     SPECULATE,
@@ -95,7 +96,7 @@ def test_compute_bound_never_drafts_even_with_a_perfect_draft():
         tree = planner.plan(7, drafter, ctx())
         assert tree.size == 1
     assert drafter.decodes == 0  # not even probes: nothing to learn when nothing could pay
-    assert planner.steps == {PLAIN: 50, SPECULATE: 0, PROBE: 0}
+    assert planner.steps == {PLAIN: 50, SPECULATE: 0, PROBE: 0, COPY: 0}
 
 
 def test_cheap_small_batches_allow_only_tiny_trees():
@@ -204,7 +205,7 @@ def test_describe_says_what_auto_is_doing_now():
     assert gpu.describe().startswith("budget≤8")  # nothing decided yet
     tree = gpu.plan(3, confident(), ctx())
     assert gpu._mode == SPECULATE and gpu.describe().startswith(f"speculating {tree.size - 1} tokens")
-    assert "speculated 100% of steps" in gpu.describe()
+    assert "speculated 100%, copied 0% of steps" in gpu.describe()
 
 
 @pytest.mark.parametrize("sampling", [False, True])
@@ -275,3 +276,57 @@ def test_auto_samples_on_the_engine():
     planner = AutoPlanner(costs=memory_bound(jump=2.5, draft=0.001))
     tokens, events = _tokens(pair, planner, 30, SamplingParams(temperature=0.8, seed=5))
     assert len(tokens) == 30 and planner.steps[SPECULATE] > 0
+
+
+# -- copies from the conversation -----------------------------------------------------------------------
+# This project's AVX-512 CPU (2 threads): c_t(8) ≈ 3.2 c_t(1), c_t(16) ≈ 4 c_t(1); the draft costs half a
+# target decode per token, so a typical draft's tree does not pay — but free copies can.
+AVX512 = CostModel.from_functions(
+    lambda n: C1 * float(np.interp(n, [1, 2, 4, 8, 16, 64], [1, 1.4, 2.1, 3.2, 4.0, 14])), lambda n: 0.029 * n
+)
+CODE = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30]
+
+
+def copy_ctx(history, fresh=True) -> PlanContext:
+    return PlanContext(
+        sampling=False, rng=np.random.default_rng(0), max_nodes=65, history=history, fresh=fresh
+    )
+
+
+def test_auto_copies_where_the_draft_cannot_pay():
+    planner = AutoPlanner(costs=AVX512)
+    drafter = confident(q=0.5)
+    assert planner.decide(1, 48) != SPECULATE  # the draft's forecast loses to plain decoding
+    history = [1, 2, *CODE, 3, 4, 5, *CODE[:6]]  # the answer is rewriting CODE: copying pays
+    tree = planner.plan(CODE[6], drafter, copy_ctx(history))
+    assert planner.steps[COPY] == 1 and drafter.decodes == 0
+    assert tree.size > 4 and tree.copied[1:].all()
+    assert tree.path_tokens(int(np.argmax(tree.depth)))[:5] == CODE[6:11]
+    tree = planner.plan(99, drafter, copy_ctx(history + [CODE[6]], fresh=False))  # nothing to copy after 99
+    assert tree.size == 1 and planner.steps[PLAIN] == 1
+
+
+def test_auto_grafts_copies_onto_the_draft_tree():
+    planner = AutoPlanner(costs=memory_bound())  # the draft pays here
+    drafter = confident(q=0.9)
+    history = [1, 50, 2, 3, 4, 5]  # a one-token match: a weak copy, no match for the draft alone
+    tree = planner.plan(50, drafter, copy_ctx(history))
+    assert planner._mode == SPECULATE and drafter.decodes > 0
+    copied = [int(n) for n in np.flatnonzero(tree.copied)]
+    chain = [int(tree.tokens[n]) for n in copied]
+    assert chain and chain == [2, 3, 4, 5][: len(chain)]  # the copy chain, grafted below the root
+    least_drafted = tree.path_prob[1:][~tree.copied[1:]].min()
+    assert all(tree.path_prob[n] >= least_drafted for n in copied)  # as likely as the least drafted node
+    assert tree.stats.expected_accept == pytest.approx(tree.path_prob[1:].sum())
+
+
+def test_auto_copies_on_the_engine_and_equals_plain_decoding():
+    from test_engine_fake import _echo_prompt, _plain
+
+    pair = FakePair(n_seq=33)
+    planner = AutoPlanner(costs=AVX512)
+    echo = _echo_prompt()
+    events = list(generate(pair, planner, Request(prompt=echo, max_tokens=60)))
+    assert [t.id for e in events for t in e.tokens] == _plain(prompt=echo)
+    assert planner.steps[COPY] > 0 and planner.steps[SPECULATE] == 0
+    assert any(t.provenance is Provenance.COPIED for e in events for t in e.tokens)

@@ -113,6 +113,8 @@ def test_summary_has_one_entry_per_strategy_with_paired_ratios(fake_bench):
     assert summary["baseline"]["mal"] == 1.0 and summary["baseline"]["runs"] == 10
     assert [p["order"] for p in summary["per_prompt"]][0][:3] == [PLAIN, "chain:2", PLAIN]
     assert len(summary["per_prompt"][0]["variants"]["auto"]["ratios"]) == 2
+    chain = summary["per_prompt"][0]["variants"]["chain:2"]
+    assert chain["verified_per_step"] == pytest.approx(3.0) and chain["mal"] > 1.0  # per prompt, too
 
 
 def _run(variant: str, n: int, seconds: float) -> Run:
@@ -242,10 +244,14 @@ def test_parse_variants():
 
 # -- prompts --------------------------------------------------------------------------------------------
 def test_builtin_prompt_sets():
-    assert set(PROMPT_SETS) == {"code", "chat", "math", "summarisation", "translation"}
-    assert all(len(cases) >= 4 for cases in PROMPT_SETS.values())
-    assert all(len(c.messages) >= 3 for c in PROMPT_SETS["chat"])  # multi-turn
-    assert 4 <= len(QUICK_PROMPTS) <= 6 and {c.category for c in QUICK_PROMPTS} == set(PROMPT_SETS)
+    papers = {"code", "chat", "math", "summarisation", "translation"}
+    copying = {"edit", "summarise", "follow-up"}  # the answer repeats the conversation
+    assert set(PROMPT_SETS) == papers | copying | {"prose"}
+    assert all(len(cases) >= 3 for cases in PROMPT_SETS.values())
+    assert all(len(c.messages) >= 3 for c in PROMPT_SETS["chat"] + PROMPT_SETS["follow-up"])  # multi-turn
+    assert all("```" in c.last_user_text for c in PROMPT_SETS["edit"])  # a code block to rewrite
+    assert all(c.name.startswith(f"{c.category}/") for cases in PROMPT_SETS.values() for c in cases)
+    assert 4 <= len(QUICK_PROMPTS) <= 6 and {c.category for c in QUICK_PROMPTS} == papers | {"edit"}
     everything = prompt_set("all")
     assert len({c.name for c in everything}) == len(everything) == sum(map(len, PROMPT_SETS.values()))
     assert prompt_set("math,code")[0].category == "math"

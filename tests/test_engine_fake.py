@@ -20,14 +20,23 @@ PROMPT = [5, 17, 3, 29, 8, 40, 12]
 GREEDY = SamplingParams()
 
 
-def _run(pair, planner, max_tokens=60, sampling=GREEDY):
-    events = list(generate(pair, planner, Request(prompt=PROMPT, max_tokens=max_tokens, sampling=sampling)))
+def _run(pair, planner, max_tokens=60, sampling=GREEDY, prompt=PROMPT):
+    events = list(generate(pair, planner, Request(prompt=prompt, max_tokens=max_tokens, sampling=sampling)))
     return [t.id for e in events for t in e.tokens], events
 
 
-def _plain(max_tokens=60):
-    tokens, _ = _run(FakePair(), None, max_tokens)
+def _plain(max_tokens=60, prompt=PROMPT):
+    tokens, _ = _run(FakePair(), None, max_tokens, prompt=prompt)
     return tokens
+
+
+def _echo_prompt() -> list[int]:
+    """PROMPT, part of its answer, then PROMPT again: the fake model (its logits depend on the last
+    three tokens and the length mod 5) then answers the same again, so copying pays — as it does when
+    a real model rewrites code it was shown."""
+    answer = _plain(40)
+    shown = (-len(PROMPT)) % 5 + 10  # len(echo) ≡ len(PROMPT) (mod 5): the same answer follows
+    return PROMPT + answer[:shown] + PROMPT
 
 
 def _assert_cache_is_committed(runner):
@@ -85,6 +94,18 @@ def test_sampling_runs_and_is_reproducible():
     assert first == again and len(first) == 40
 
 
+def test_a_step_past_max_tokens_is_cut_even_when_it_ends_the_turn():
+    from fake_llama import EOS, FakeModel
+
+    from edgespec.decoder import _cut
+    from edgespec.events import EmittedToken, Provenance
+
+    step = tuple(EmittedToken(t, Provenance.DRAFT, 1.0) for t in (5, 6, 7, 8, EOS))
+    assert _cut(step, FakeModel(), 2) == (step[:2], "length")  # the end of turn lies past the budget
+    assert _cut(step, FakeModel(), 4) == (step[:4], "stop")
+    assert _cut(step, FakeModel(), 9) == (step[:4], "stop")
+
+
 def test_max_tokens_and_cancel():
     import threading
 
@@ -109,7 +130,7 @@ def test_steps_without_drafting_keep_both_caches_consistent():
     _assert_cache_is_committed(pair.draft)
 
 
-STRATEGIES = ["chain", "tsd", "gsd", "opt-tree", "dyspec", "mcsd"]
+STRATEGIES = ["chain", "tsd", "gsd", "opt-tree", "dyspec", "mcsd", "ngram", "hybrid"]
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
@@ -117,8 +138,9 @@ def test_every_strategy_equals_plain_decoding_on_the_engine(strategy):
     from edgespec.planner.registry import make_planner
 
     pair = FakePair(n_seq=33)
-    tokens, events = _run(pair, make_planner(strategy, {"budget": 16}))
-    assert tokens == _plain()
+    echo = _echo_prompt()
+    tokens, events = _run(pair, make_planner(strategy, {"budget": 16}), prompt=echo)
+    assert tokens == _plain(prompt=echo)
     assert sum(e.accepted for e in events) > 0
     _assert_cache_is_committed(pair.target)
     _assert_cache_is_committed(pair.draft)
@@ -130,7 +152,7 @@ def test_every_strategy_samples_on_the_engine(strategy):
 
     pair = FakePair(n_seq=33)
     params = SamplingParams(temperature=0.9, seed=3)
-    tokens, events = _run(pair, make_planner(strategy, {"budget": 16}), 40, params)
+    tokens, events = _run(pair, make_planner(strategy, {"budget": 16}), 40, params, prompt=_echo_prompt())
     assert len(tokens) == 40 and sum(e.accepted for e in events) > 0
     _assert_cache_is_committed(pair.target)
 
@@ -155,3 +177,44 @@ def test_python_time_excludes_the_models_decodes(monkeypatch):
     for e in (e for e in events if e.verified_nodes):
         decodes = 1 + e.draft_decodes  # the target's verify decode and the draft's levels
         assert 0 < e.timings.python < e.timings.total - 0.02 * decodes + 0.005
+
+
+def test_ngram_copies_without_touching_the_draft():
+    from edgespec.events import Provenance
+    from edgespec.planner.registry import make_planner
+
+    pair = FakePair(n_seq=33)
+    echo = _echo_prompt()
+    tokens, events = _run(pair, make_planner("ngram"), prompt=echo)
+    assert tokens == _plain(prompt=echo)
+    copied = [t for e in events for t in e.tokens if t.provenance is Provenance.COPIED]
+    assert len(copied) >= 10  # the answer shown in the prompt (13 tokens) comes back as copies
+    assert all(e.draft_decodes == 0 for e in events)
+    assert pair.draft.ctx.decodes == 0 and not pair.draft.committed  # never synced, never decoded
+    _assert_cache_is_committed(pair.target)
+
+
+def test_ngram_runs_on_a_pair_without_a_draft():
+    from edgespec.planner.registry import make_planner
+
+    pair = FakePair(n_seq=33)
+    pair.draft = None  # as ModelPair(target, None) leaves it
+    echo = _echo_prompt()
+    tokens, events = _run(pair, make_planner("ngram"), prompt=echo)
+    assert tokens == _plain(prompt=echo) and sum(e.accepted for e in events) > 0
+
+
+def test_hybrid_skips_the_draft_where_copies_cover_the_next_token():
+    from edgespec.events import Provenance
+    from edgespec.planner.registry import make_planner
+
+    pair = FakePair(n_seq=33)
+    echo = _echo_prompt()
+    tokens, events = _run(pair, make_planner("hybrid", {"mu": 0.3}), prompt=echo)
+    assert tokens == _plain(prompt=echo)
+    kinds = {t.provenance for e in events for t in e.tokens}
+    assert Provenance.COPIED in kinds and Provenance.DRAFT in kinds  # both sources paid off
+    assert any(e.draft_decodes == 0 and e.accepted > 2 for e in events)  # copies alone, no draft decode
+    _assert_cache_is_committed(pair.target)
+    _assert_cache_is_committed(pair.draft)
+    assert pair.target.committed[: len(pair.draft.committed)] == pair.draft.committed

@@ -26,9 +26,14 @@ from edgespec.planner.registry import (
 from edgespec.planner.tree import ChildRule, DraftTree, PlanContext, TreeBuilder
 from edgespec.planner.tsd import TSDPlanner
 
+# A conversation before the root (7) that 7 occurred in: the copying planners find continuations.
+HISTORY = (3, 7, 11, 13, 5, 7, 11, 17, 2, 9)
+
 
 def ctx(sampling: bool = False, seed: int = 0, max_nodes: int = 256) -> PlanContext:
-    return PlanContext(sampling=sampling, rng=np.random.default_rng(seed), max_nodes=max_nodes)
+    return PlanContext(
+        sampling=sampling, rng=np.random.default_rng(seed), max_nodes=max_nodes, history=HISTORY
+    )
 
 
 def run(planner, drafter: SyntheticDrafter, context: PlanContext, root: int = 7) -> DraftTree:
@@ -56,12 +61,17 @@ def check_tree(tree: DraftTree, max_nodes: int, stats: bool = True) -> None:
             continue
         rules = (ChildRule.TOP, ChildRule.SAMPLED) + ((ChildRule.LONGEST,) if node == 0 else ())
         assert tree.child_rule[node] in rules, f"node {node}: no child rule"
-        assert node in tree.dists, f"node {node} has children but no distribution"
-        dist = tree.dists[node]
         tokens = [int(tree.tokens[c]) for c in children]
         assert len(set(tokens)) == len(tokens), f"node {node}: duplicate siblings {tokens}"
-        for c in children:  # every child was proposed by the distribution stored for its parent
-            assert tree.draft_prob[c] == pytest.approx(dist.prob_of(int(tree.tokens[c])), rel=1e-12)
+        drafted = [c for c in children if not tree.copied[c]]  # copies come from the conversation
+        if any(tree.copied[c] for c in children):
+            assert tree.child_rule[node] == ChildRule.TOP, "copies are deterministic: one-hot rule"
+        if drafted:
+            assert node in tree.dists, f"node {node} has drafted children but no distribution"
+        for c in drafted:  # every drafted child was proposed by the distribution stored for its parent
+            assert tree.draft_prob[c] == pytest.approx(
+                tree.dists[node].prob_of(int(tree.tokens[c])), rel=1e-12
+            )
     if stats:
         assert tree.stats.expected_accept == pytest.approx(float(tree.path_prob[1:].sum()))
 
@@ -414,7 +424,17 @@ def test_dyspec_threshold_at_the_last_value_rebuilds_the_budget_tree(sampling, s
 
 # -- registry ----------------------------------------------------------------------------------------
 def test_make_planner_defaults_and_overrides():
-    assert set(STRATEGY_NAMES) == {"chain", "tsd", "gsd", "opt-tree", "dyspec", "mcsd", "mcsd-target-init"}
+    assert set(STRATEGY_NAMES) == {
+        "chain",
+        "tsd",
+        "gsd",
+        "opt-tree",
+        "dyspec",
+        "mcsd",
+        "mcsd-target-init",
+        "ngram",
+        "hybrid",
+    }
     gsd = make_planner("gsd", {"tau": "3", "theta-prob": 0.1, "budget": None, "gamma": 9})  # gamma: chain's
     assert (gsd.tau, gsd.theta_prob, gsd.budget, gsd.k) == (3, 0.1, 32, 4)
     assert make_planner("mcsd", {"k_config": "3x2"}).k_config == (3, 2)
@@ -423,6 +443,14 @@ def test_make_planner_defaults_and_overrides():
     for name in STRATEGY_NAMES:
         planner = make_planner(name)
         assert planner.name == name and isinstance(planner.describe(), str)
+
+
+def test_only_copying_needs_no_draft():
+    from edgespec.options import needs_draft
+
+    assert {name for name in STRATEGY_NAMES if not make_planner(name).needs_draft} == {"ngram"}
+    assert not needs_draft("none") and not needs_draft("ngram")
+    assert needs_draft("hybrid") and needs_draft("auto") and needs_draft("chain")
 
 
 @pytest.mark.parametrize(
@@ -462,4 +490,4 @@ def test_cli_flags_come_from_the_table():
     ).items()
     assert all(r["help"] for r in rows)
     budget_help = next(a.help for a in parser._actions if a.dest == "budget")
-    assert "opt-tree: 24" in budget_help and "tsd/gsd/dyspec: 32" in budget_help
+    assert "opt-tree/hybrid: 24" in budget_help and "tsd/gsd/dyspec: 32" in budget_help

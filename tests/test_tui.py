@@ -12,7 +12,7 @@ import threading
 from time import monotonic
 
 import pytest
-from textual.widgets import Markdown, ProgressBar, Tree
+from textual.widgets import Markdown, ProgressBar, Static, Tree
 from tui_fakes import FakeBackend, canned_answer
 
 from edgespec.errors import ContextFullError, ModelNotFoundError, PairingError
@@ -426,6 +426,27 @@ def test_regenerate_copy_and_history(tmp_path):
             assert prompt.value == "one"
             await pilot.press("down", "down")
             assert prompt.value == "draft"
+
+    run(scenario())
+
+
+def test_copying_needs_no_draft_and_shows_its_tokens(tmp_path):
+    async def scenario():
+        app = make_app(tmp_path, FakeBackend(has_draft=False))
+        async with app.run_test(size=SIZE) as pilot:
+            chat = await ready(pilot)
+            assert not chat.set_strategy(StrategyChoice("chain"))  # needs the draft this pair lacks
+            assert chat.set_strategy(StrategyChoice("ngram"))
+            await send(pilot, "repeat after me")
+            answer = chat.log_view.last_answer()
+            assert {p for _, p in answer.spans} == {Provenance.COPIED, Provenance.TARGET}
+            stored = app.store.messages(chat.conversation_id)[-1]
+            assert "c" in {code for _, code in stored.provenance}
+            assert spans_from_runs(stored.content, stored.provenance) == answer.spans
+            panel = chat.query_one(DraftTreePanel)
+            await pilot.press("ctrl+t")
+            assert any(panel.snapshot.copied[1:])
+            assert "⧉ copied" in str(panel.query_one("#tree-caption", Static).render())
 
     run(scenario())
 

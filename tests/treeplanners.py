@@ -12,6 +12,7 @@ class RandomTreePlanner:
 
     name = "random-tree"
     lossy = False
+    needs_draft = True
 
     def __init__(self, budget: int, seed: int = 0):
         self.budget = budget
@@ -46,6 +47,7 @@ class SometimesSilentPlanner:
 
     name = "sometimes-silent"
     lossy = False
+    needs_draft = True
 
     def __init__(self, gamma: int = 3, period: int = 3):
         self.gamma, self.period, self.calls = gamma, period, 0

@@ -23,7 +23,7 @@ from edgespec.planner.tree import ChildRule, PlanStats, SparseDist, TreeBuilder
 from tui.backend import LoadedPair, StrategyChoice
 
 ACCEPT_PATTERN = (3, 1, 0, 2, 4)  # draft tokens accepted in successive steps (capped by the budget)
-STRATEGIES = ("none", "chain", "tsd", "gsd", "mcsd-target-init", "auto")
+STRATEGIES = ("none", "chain", "tsd", "gsd", "ngram", "mcsd-target-init", "auto")
 PROFILE_STEPS = 3  # the fake auto's "cost profile" measurement, in progress reports
 
 
@@ -46,6 +46,7 @@ class FakePlanner:
     budget: int = 4
     lossy: bool = False
     state: str = ""  # auto: what it is doing now (set by the fake engine, as the real auto sets its own)
+    needs_draft: bool = True
 
     def describe(self) -> str:
         return self.state or f"budget={self.budget}"
@@ -134,9 +135,7 @@ class FakeEngine:
                 accept = min(
                     ACCEPT_PATTERN[step % len(ACCEPT_PATTERN)], planner.budget, len(answer) - pos - 1
                 )
-                event = self._tree_step(
-                    planner, root, answer[pos : pos + accept + 1], merged=planner.name == "gsd"
-                )
+                event = self._tree_step(planner, root, answer[pos : pos + accept + 1])
             step += 1
             n = len(event.tokens)
             finish = None
@@ -165,8 +164,10 @@ class FakeEngine:
             timings=StepTimings(verify=self.delay),
         )
 
-    def _tree_step(self, planner: FakePlanner, root: int, chosen: list[int], merged: bool) -> StepEvent:
-        """A tree whose first branch holds the accepted tokens plus one rejected one; one rejected sibling."""
+    def _tree_step(self, planner: FakePlanner, root: int, chosen: list[int]) -> StepEvent:
+        """A tree whose first branch holds the accepted tokens plus one rejected one; one rejected sibling.
+        gsd: the first accepted token is a merged node; ngram: every token is copied."""
+        merged, copied = planner.name == "gsd", planner.name == "ngram"
         accepted, target_token = chosen[:-1], chosen[-1]
         wrong = self.token(" wrong")
         tree = TreeBuilder(root)
@@ -174,14 +175,17 @@ class FakeEngine:
         for i, token in enumerate(accepted):
             tree.set_children_rule(node, ChildRule.TOP)
             tree.dists[node] = SparseDist(np.array([token, wrong], np.int32), np.array([0.8, 0.1]))
-            node = tree.add(node, token, 0.8, merged=merged and i == 0)
+            node = tree.add(node, token, 0.8, merged=merged and i == 0, copied=copied)
             path.append(node)
         tree.set_children_rule(node, ChildRule.TOP)
         tree.dists[node] = SparseDist(np.array([wrong], np.int32), np.array([0.5]))
-        tree.add(node, wrong, 0.5)  # rejected: the target chose ``target_token`` here
-        tree.add(0, self.token(" maybe"), 0.1)  # a rejected sibling of the first draft token
+        tree.add(node, wrong, 0.5, copied=copied)  # rejected: the target chose ``target_token`` here
+        tree.add(0, self.token(" maybe"), 0.1, copied=copied)  # a rejected sibling of the first draft token
         frozen = tree.freeze(PlanStats(draft_decodes=len(accepted) + 1, expected_accept=0.8 * len(accepted)))
-        kinds = [Provenance.MERGED if frozen.merged[n] else Provenance.DRAFT for n in path[1:]]
+        kinds = [
+            Provenance.MERGED if frozen.merged[n] else Provenance.COPIED if copied else Provenance.DRAFT
+            for n in path[1:]
+        ]
         emitted = tuple(EmittedToken(t, k, 2.0) for t, k in zip(accepted, kinds))
         emitted += (EmittedToken(target_token, Provenance.TARGET, 0.7),)
         return StepEvent(
@@ -230,6 +234,7 @@ class FakeBackend:
     n_ctx: int = 4096
     load_delay: float = 0.002  # seconds between load progress reports
     hold_at_half: threading.Event | None = None  # when set: loading waits at 50 % until the event is set
+    has_draft: bool = True  # False: loaded as `edgespec chat --target X` without --draft
     engines: list[FakeEngine] = field(default_factory=list)
     loads: list[str | None] = field(default_factory=list)
 
@@ -246,7 +251,7 @@ class FakeBackend:
         on_progress("loading into memory", 0, 0)
         if pair in self.fail:
             raise self.fail[pair]
-        engine = FakeEngine(delay=self.delay, repeat=self.repeat, n_ctx=self.n_ctx)
+        engine = FakeEngine(delay=self.delay, repeat=self.repeat, n_ctx=self.n_ctx, has_draft=self.has_draft)
         self.engines.append(engine)
         return LoadedPair(engine, pair or "fake-pair", StrategyChoice("chain", {"budget": 4}))
 
@@ -255,7 +260,12 @@ class FakeBackend:
             return None
         if choice.name not in self.strategies:
             raise EdgespecError(f"unknown strategy {choice.name!r}")
-        planner = FakePlanner(choice.name, choice.budget or 4, lossy=choice.name == "mcsd-target-init")
+        planner = FakePlanner(
+            choice.name,
+            choice.budget or 4,
+            lossy=choice.name == "mcsd-target-init",
+            needs_draft=choice.name != "ngram",
+        )
         if choice.name == "auto":  # as the real auto says before the pair's cost profile is attached
             planner.state = "no cost profile yet: plain decoding"
         return planner

@@ -180,7 +180,8 @@ class LlamaBackend:
             target, draft = ensure(spec.target.name), ensure(spec.draft.name)
             name = spec.name
             defaults = StrategyChoice(spec.strategy, {"budget": spec.budget, **dict(spec.params)})
-        if args.strategy is not None and draft:  # the command line (default: auto) overrides the pair's pick
+        usable = args.strategy is not None and (draft or not options.needs_draft(args.strategy))
+        if usable:  # the command line (default: auto) overrides the pair's pick
             if args.strategy == defaults.name:
                 params = dict(defaults.params)
             else:  # the pair's budget starts the budget knob (settings dialog); auto sizes its own trees
@@ -293,13 +294,14 @@ def tree_snapshot(event: StepEvent, piece: Callable[[int], str]) -> TreeSnapshot
         parents=tuple(int(p) for p in tree.parents),
         draft_prob=tuple(float(p) for p in tree.draft_prob),
         merged=tuple(bool(m) for m in tree.merged),
+        copied=tuple(bool(c) for c in tree.copied),
         accepted=frozenset(int(n) for n in event.accepted_path),
         bonus=piece(bonus.id) if bonus is not None else "",
     )
 
 
 def provenance_runs(spans: Sequence[Span]) -> list[tuple[int, str]]:
-    """Spans as run lengths for storage: [(chars, 'd'|'m'|'t'), ...]."""
+    """Spans as run lengths for storage: [(chars, 'd'|'m'|'c'|'t'), ...] (draft, merged, copied, target)."""
     return [(len(text), prov.value[0]) for text, prov in _merge_runs(list(spans)) if text]
 
 

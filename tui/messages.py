@@ -35,6 +35,7 @@ class TreeSnapshot:
     parents: tuple[int, ...]  # parents[0] == -1
     draft_prob: tuple[float, ...]
     merged: tuple[bool, ...]
+    copied: tuple[bool, ...]  # copied from the conversation (n-gram match), not drafted
     accepted: frozenset[int]  # nodes on the accepted path (root included)
     bonus: str  # the token the target added after the accepted path
 

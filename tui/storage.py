@@ -41,7 +41,7 @@ CREATE TABLE IF NOT EXISTS messages (
     strategy        TEXT,                        -- assistant only: e.g. 'chain γ=4'
     stats           TEXT,                        -- assistant only: JSON of GenerationStats.as_dict()
     finish_reason   TEXT,                        -- 'stop', 'length', 'cancelled', 'context', 'error'
-    provenance      TEXT                         -- assistant: JSON run lengths [[chars, 'd'|'m'|'t'], ...]
+    provenance      TEXT                         -- assistant: JSON runs [[chars, 'd'|'m'|'c'|'t'], ...]
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages (conversation_id, id);
 """
@@ -73,7 +73,7 @@ class StoredMessage:
     strategy: str | None = None
     stats: dict | None = None
     finish_reason: str | None = None
-    provenance: list[tuple[int, str]] = field(default_factory=list)  # run lengths: (chars, 'd'|'m'|'t')
+    provenance: list[tuple[int, str]] = field(default_factory=list)  # run lengths: (chars, 'd'|'m'|'c'|'t')
 
 
 def default_path() -> Path:

@@ -317,6 +317,7 @@ def _per_step(stats: GenerationStats) -> dict:
     return {
         "python_ms_per_step": stats.timings.python / steps * 1000,
         "draft_decodes_per_step": stats.draft_decodes / steps,
+        "verified_per_step": stats.verified_nodes / steps,
     }
 
 

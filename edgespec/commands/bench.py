@@ -10,11 +10,12 @@ from rich.console import Console
 from .. import options
 from ..errors import EdgespecError
 from ..planner import registry as strategies
+from ..prompts import set_names
 
-DEFAULT_STRATEGIES = "chain,tsd,gsd,opt-tree,dyspec,mcsd,auto"
+DEFAULT_STRATEGIES = "chain,tsd,gsd,opt-tree,dyspec,mcsd,ngram,hybrid,auto"
 # auto runs three times per prompt: its claim (never slower than plain decoding) is a ±2 % one, and
 # on a shared machine one pair of runs per prompt is noisier than that
-QUICK_STRATEGIES = "chain,tsd:8,dyspec:8,auto@3"
+QUICK_STRATEGIES = "chain,tsd:8,dyspec:8,ngram,auto@3"
 QUICK_MAX_TOKENS = 48
 DEFAULT_MAX_TOKENS = 128
 
@@ -39,12 +40,13 @@ def register(sub) -> None:
     p.add_argument(
         "--prompts",
         help='a .jsonl file ({"prompt": …} or {"messages": […]} per line) or built-in sets: '
-        "code, chat, math, summarisation, translation, quick, all (default: all; --quick: quick)",
+        f"{', '.join(set_names())} (default: all; --quick: quick)",
     )
     p.add_argument(
         "--quick",
         action="store_true",
-        help=f"5 short prompts (one per set), {QUICK_MAX_TOKENS} tokens, strategies {QUICK_STRATEGIES}",
+        help=f"6 short prompts (one per paper-style set, one edit), {QUICK_MAX_TOKENS} tokens, "
+        f"strategies {QUICK_STRATEGIES}",
     )
     p.add_argument("--max-tokens", type=int, help=f"tokens per answer (default {DEFAULT_MAX_TOKENS})")
     p.add_argument("--warmup-tokens", type=int, default=8, help="tokens per variant in the warm-up")

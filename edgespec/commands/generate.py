@@ -32,7 +32,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    resolved, pair = options.open_pair(args, need_draft=args.strategy != "none")
+    resolved, pair = options.open_pair(args, need_draft=options.needs_draft(args.strategy))
     with pair:
         planner = options.make_planner(args, resolved, pair=pair)  # auto gets this pair's cost profile
         settings = ChatSettings(

@@ -26,6 +26,12 @@ profile, see ``edgespec.costs``). Plain decoding is the tree with only the root:
    nodes, w chosen the same way, children predicted from the average distribution) only when that
    forecast beats stopping now.
 
+5. **Copies.** Every step also looks up continuations in the conversation (``ngram.Copier``): free
+   candidates, no draft time. Copies alone are verified when their best size's rate
+   (1 + Σ p̂) / c_t(n + 1) beats plain decoding and the draft's forecast — so copying pays where the
+   draft cannot (``COPY`` steps). When the draft's tree is grown, copies at least as likely as its
+   least likely node are grafted on (the hybrid; a token both propose is one node).
+
 Children are the draft's most likely tokens (``ChildRule.TOP``): the one-hot rule verifies them
 losslessly, greedy or sampling. Every node added to the tree stays in it (node indices are the ones
 the draft saw), so nothing is renumbered. Pure numpy: the cost curves arrive as data.
@@ -38,6 +44,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .ngram import Copier, CopyTrie
 from .tree import ChildRule, Drafter, DraftTree, PlanContext, PlanStats, TreeBuilder
 
 WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # level widths considered when deepening
@@ -52,7 +59,7 @@ STEP_PRIOR = 2.0  # within a step, the running profile counts as this many of th
 DECAY = 0.97  # per observed speculative step: older steps fade
 HORIZON = 8  # the draft's catch-up after plain steps is spread over this many speculative steps
 MARGIN = 0.03  # speculate when the forecast beats plain decoding by this fraction
-PLAIN, SPECULATE, PROBE = "plain", "speculate", "probe"
+PLAIN, SPECULATE, PROBE, COPY = "plain", "speculate", "probe", "copy"
 
 
 @dataclass(frozen=True)
@@ -272,13 +279,15 @@ class AutoPlanner:
     costs: CostModel | None = None  # the pair's measured curves (``use_costs``); None → plain decoding
     name: str = "auto"
     lossy: bool = False
+    needs_draft: bool = True
     # -- learned online (observe) -----------------------------------------------------------------
     accepted: float = field(default=PRIOR_WEIGHT, repr=False)  # decayed Σ accepted draft tokens
     predicted: float = field(default=PRIOR_WEIGHT, repr=False)  # decayed Σ p̂ of the verified trees
     profile: np.ndarray = field(default_factory=lambda: PRIOR_PROFILE.copy(), repr=False)
     plain_seconds: float | None = field(default=None, repr=False)  # measured plain step time (EMA)
     credit: float = field(default=0.0, repr=False)  # seconds probes may still lose
-    steps: dict = field(default_factory=lambda: {PLAIN: 0, SPECULATE: 0, PROBE: 0}, repr=False)
+    steps: dict = field(default_factory=lambda: {PLAIN: 0, SPECULATE: 0, PROBE: 0, COPY: 0}, repr=False)
+    copier: Copier = field(default_factory=Copier, repr=False)  # continuations from the conversation
     # measured ÷ profiled cost of batches (n ≥ 2) and of drafting, relative to plain decoding's
     # measured ÷ profiled cost: corrects a profile taken on a busy machine, whatever the current load
     batch_factor: float = field(default=1.0, repr=False)
@@ -288,6 +297,7 @@ class AutoPlanner:
     _mode: str = field(default=PLAIN, repr=False)
     _last_drafted: int = field(default=0, repr=False)  # draft tokens of the last speculative step
     _forecast: _Choice | None = field(default=None, repr=False)
+    _forecast_rate: float = field(default=0.0, repr=False)  # this step's forecast rate when speculating
     _ceiling_ok: bool | None = field(default=None, repr=False)
     _plain: float = field(default=0.0, repr=False)
     _eff: CostModel | None = field(default=None, repr=False)  # the profile with the factors applied
@@ -327,12 +337,17 @@ class AutoPlanner:
         if total == 0:
             return f"budget≤{self.budget}, deciding per step"
         share = (self.steps[SPECULATE] + self.steps[PROBE]) / total
+        copying = self.steps[COPY] / total
         now = {
             PLAIN: "plain now",
             SPECULATE: f"speculating {self._last_drafted} tokens",
             PROBE: f"probing {self._last_drafted} tokens",
+            COPY: f"copying {self._last_drafted} tokens",
         }[self._mode]
-        return f"{now} (budget≤{self.budget}, r={self.ratio:.2f}, speculated {share:.0%} of steps)"
+        return (
+            f"{now} (budget≤{self.budget}, r={self.ratio:.2f}, speculated {share:.0%}, copied {copying:.0%} "
+            "of steps)"
+        )
 
     # -- the decision -----------------------------------------------------------------------------
     def decide(self, pending: int, cap: int) -> str:
@@ -349,7 +364,8 @@ class AutoPlanner:
             self._forecast = simulate(float(costs.k(1)), self.ratio, costs, cap, self.profile, self.max_depth)
         f = self._forecast
         catchup = float(costs.k(max(pending, 1)) - costs.k(1)) / HORIZON
-        if (1.0 + self.ratio * f.expected) / (f.seconds + catchup) > plain_rate * (1 + MARGIN):
+        self._forecast_rate = (1.0 + self.ratio * f.expected) / (f.seconds + catchup)
+        if self._forecast_rate > plain_rate * (1 + MARGIN):
             return SPECULATE
         if self.credit >= self._probe_loss(pending):
             return PROBE
@@ -366,17 +382,45 @@ class AutoPlanner:
     def plan(self, root_token: int, drafter: Drafter, ctx: PlanContext) -> DraftTree:
         cap = min(self.budget, ctx.max_nodes - 1)
         pending = len(getattr(drafter, "pending", ())) or 1  # tokens the draft has yet to decode
+        trie = self.copier.propose(root_token, ctx)  # free candidates, whatever is decided
         self._mode = self.decide(pending, cap)
+        copies = self._copies_alone(trie, cap)
+        if copies:
+            self._mode = COPY
         self.steps[self._mode] += 1
+        if self._mode == COPY:  # no draft work; the draft catches up later
+            self._draft_predicted = 0.0
+            tree = self.copier.copy_tree(trie, trie.best(copies))
+            self._last_drafted = tree.size - 1
+            return tree
         if self._mode == PLAIN:
             return TreeBuilder(root_token).freeze()  # no draft work at all; the draft catches up later
         if self._mode == PROBE:  # optimistic: draft what would pay if the draft were good, and see
             prior = np.maximum(self.profile, PROBE_PROFILE)
-            return self._grow(root_token, drafter, cap, pending, max(self.ratio, 1.0), prior)
-        return self._grow(root_token, drafter, cap, pending, self.ratio, self.profile)
+            return self._grow(root_token, drafter, cap, pending, max(self.ratio, 1.0), prior, trie)
+        return self._grow(root_token, drafter, cap, pending, self.ratio, self.profile, trie)
+
+    def _copies_alone(self, trie: CopyTrie, cap: int) -> int:
+        """How many copies to verify alone (the top by p̂): the best size when its rate beats plain
+        decoding and the draft's forecast, else 0. Copying takes no draft time: (1 + Σ p̂) / c_t(n + 1)."""
+        if self.costs is None or trie.size == 1:
+            return 0
+        pool = np.sort(trie.phat[1:])[::-1]
+        copies = best_size(0.0, 0, pool, 0.0, 1.0, self._eff, cap)
+        rival = (1.0 + MARGIN) / self._plain
+        if self._mode == SPECULATE:
+            rival = max(rival, self._forecast_rate)
+        return copies.m if copies.rate > rival else 0
 
     def _grow(
-        self, root_token: int, drafter: Drafter, cap: int, pending: int, ratio: float, prior: np.ndarray
+        self,
+        root_token: int,
+        drafter: Drafter,
+        cap: int,
+        pending: int,
+        ratio: float,
+        prior: np.ndarray,
+        trie: CopyTrie,
     ) -> DraftTree:
         costs = self._eff
         tree = TreeBuilder(root_token)
@@ -416,6 +460,9 @@ class AutoPlanner:
         final = best_size(float(sum(tree.path_prob[1:])), tree.size - 1, pool, spent, ratio, costs, cap)
         for c in cand[: final.m - (tree.size - 1)]:
             self._add(tree, c)
+        if tree.size > 1 and trie.size > 1:  # the hybrid: copies as likely as the least likely node
+            graft = trie.best(cap - (tree.size - 1), min(tree.path_prob[1:]))
+            self.copier.grow(tree, trie, graft, {0: 0})
         self._draft_predicted = spent / self.draft_factor
         self._last_drafted = tree.size - 1
         stats = PlanStats(
@@ -423,7 +470,7 @@ class AutoPlanner:
             drafted_nodes=evaluated,
             expected_accept=float(sum(tree.path_prob[1:])),
         )
-        return tree.freeze(stats)
+        return self.copier.remember(tree.freeze(stats))
 
     def _learn_costs(self, event) -> None:
         """Measured ÷ profiled, for the tree's verify and the drafting, over the same for plain decoding."""
@@ -448,10 +495,14 @@ class AutoPlanner:
     # -- learning ---------------------------------------------------------------------------------
     def observe(self, event) -> None:
         """What the step did (a ``StepEvent``): the decoder calls this after every step."""
+        self.copier.observe(event.tree, event.accepted_path)  # the copies' acceptance rates
         if self.costs is None or self._ceiling_ok is False:
-            return  # plain decoding for good: nothing to learn
+            return  # no draft trees for good: nothing else to learn
         seconds = event.timings.total
         self.credit = min(self.credit + self.probe_budget * seconds, 64 * self._plain)
+        if self._mode == COPY:
+            self._learn_costs(event)  # the batch's cost; the draft's calibration is not involved
+            return
         if event.drafted == 0 and event.draft_decodes == 0:
             self.plain_seconds = _ema(self.plain_seconds, seconds, 0.2)
             self._plain_verify = _ema(self._plain_verify, event.timings.verify, 0.2)

@@ -26,6 +26,7 @@ class ChainPlanner:
     p_min: float = 0.0  # early exit when q(chosen) < p_min (0 disables)
     name: str = "chain"
     lossy: bool = False
+    needs_draft: bool = True
 
     def describe(self) -> str:
         return f"γ={self.gamma}" + (f" p_min={self.p_min:g}" if self.p_min > 0 else "")

@@ -98,6 +98,7 @@ class DySpecPlanner:
     threshold: float = 0.0  # t: 0 → Algorithm 1 (fixed budget); > 0 → Algorithm 2, layer by layer
     name: str = "dyspec"
     lossy: bool = False
+    needs_draft: bool = True
 
     def describe(self) -> str:
         return f"budget={self.budget}" + (f" t={self.threshold:g}" if self.threshold > 0 else "")

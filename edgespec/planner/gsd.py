@@ -150,6 +150,7 @@ class GSDPlanner:
     budget: int = 32  # verified (unmerged) draft tokens per step, root excluded
     name: str = "gsd"
     lossy: bool = False
+    needs_draft: bool = True
 
     def describe(self) -> str:
         return (

@@ -161,6 +161,7 @@ class MCSDPlanner:
     model: DecisionModel | None = None  # the decision model for early_stop="model"
     name: str = "mcsd"
     lossy: bool = False
+    needs_draft: bool = True
 
     def __post_init__(self) -> None:
         self.k_config = tuple(int(k) for k in self.k_config)

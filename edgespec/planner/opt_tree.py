@@ -71,6 +71,7 @@ class OptTreePlanner:
     max_depth: int = 10  # hard cap on drafting steps
     name: str = "opt-tree"
     lossy: bool = False
+    needs_draft: bool = True
     costs: CostModel | None = None  # the pair's cost profile, when one is attached
 
     DEFAULT_MU = 0.15  # without a profile: a 0.5B draft against a ~7B target on a GPU

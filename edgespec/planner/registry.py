@@ -20,6 +20,7 @@ from typing import Any
 from ..errors import EdgespecError
 from .auto import AutoPlanner
 from .chain import ChainPlanner
+from .copy_drafts import HybridPlanner, NGramPlanner
 from .dyspec import DySpecPlanner
 from .earlystop import DecisionModel
 from .gsd import GSDPlanner
@@ -160,6 +161,8 @@ _EARLY_STOP = Param(
     choices=EARLY_STOP_MODES,
 )
 _BETA = Param("beta", "float", 0.4, "β: the early-stop threshold", minimum=0, maximum=1)
+_NGRAM_MAX = Param("ngram_max", "int", 8, "longest suffix matched against the conversation", minimum=1)
+_MATCHES = Param("matches", "int", 8, "earlier occurrences (continuations) looked up per step", minimum=1)
 _STOP_MODEL = Param("early_stop_model", "path", "", "decision model (.npz) for --early-stop model")
 
 
@@ -301,6 +304,46 @@ STRATEGIES: dict[str, Strategy] = {
             _mcsd,
         ),
         Strategy(
+            "ngram",
+            "copies from the conversation (n-gram matches, several per suffix) as the tree; no draft model",
+            "edgespec; cf. prompt lookup (Saxena 2023), llama.cpp ngram-simple / ngram-map-k",
+            (
+                _budget(16, "most copied tokens verified per step, root excluded"),
+                _NGRAM_MAX,
+                _MATCHES,
+                Param(
+                    "min_accept",
+                    "float",
+                    0.1,
+                    "copies with estimated acceptance p̂ below it are left out (without a cost profile)",
+                    minimum=0,
+                    maximum=1,
+                ),
+            ),
+            lambda v: NGramPlanner(**v),
+        ),
+        Strategy(
+            "hybrid",
+            "copies from the conversation and the draft's tree in one token graph, grown by p̂",
+            "edgespec: OPT-Tree growth over GSD-style merged copy + draft candidates",
+            (
+                _budget(24, "most draft + copied tokens verified per step, root excluded"),
+                _k(),
+                _MAX_DEPTH,
+                _NGRAM_MAX,
+                _MATCHES,
+                Param(
+                    "mu",
+                    "float",
+                    None,
+                    "μ: draft step time / target step time (default: measured, from the pair's "
+                    "cost profile; 0.15 without one)",
+                    minimum=0,
+                ),
+            ),
+            lambda v: HybridPlanner(**v),
+        ),
+        Strategy(
             "mcsd-target-init",
             "MCSD below the target's own w first tokens; the branch accepted longest wins (lossy)",
             "Lu et al. 2024, §3.1",
@@ -397,6 +440,12 @@ def make_planner(name: str, params: Mapping[str, Any] | None = None) -> Planner:
         return strategy.build(values)
     except ValueError as exc:
         raise StrategyError(f"{name}: {exc}") from exc
+
+
+def needs_draft(name: str) -> bool:
+    """Whether strategy ``name`` drafts with the draft model (``ngram`` copies and needs none): the
+    planner's own declaration, so the CLI and the TUI load a draft only when it will be used."""
+    return make_planner(name).needs_draft
 
 
 def parameter_table() -> list[dict[str, Any]]:

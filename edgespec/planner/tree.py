@@ -68,6 +68,7 @@ class DraftTree:
     draft_prob: np.ndarray  # (n,) float64; q(token | path to parent) under the draft; 1.0 at the root
     path_prob: np.ndarray  # (n,) float64; p̂ = product of draft_prob along the path (root: 1.0)
     merged: np.ndarray  # (n,) bool; GSD: node replicated from a merged subtree, not drafted again
+    copied: np.ndarray  # (n,) bool; proposed by copying from the conversation (n-gram match), not the draft
     child_rule: np.ndarray  # (n,) int8 ChildRule of each node's children
     dists: dict[int, SparseDist]  # the draft distribution at each expanded node (for the residual rule)
     stats: PlanStats = field(default_factory=PlanStats)
@@ -115,6 +116,7 @@ class TreeBuilder:
         self.draft_prob: list[float] = [1.0]
         self.path_prob: list[float] = [1.0]
         self.merged: list[bool] = [False]
+        self.copied: list[bool] = [False]
         self.child_rule: list[int] = [ChildRule.NONE]
         self.dists: dict[int, SparseDist] = {}
 
@@ -122,7 +124,9 @@ class TreeBuilder:
     def size(self) -> int:
         return len(self.tokens)
 
-    def add(self, parent: int, token: int, draft_prob: float, *, merged: bool = False) -> int:
+    def add(
+        self, parent: int, token: int, draft_prob: float, *, merged: bool = False, copied: bool = False
+    ) -> int:
         """Append a child of ``parent``; p̂(child) = p̂(parent) · q(token)."""
         if not 0 <= parent < self.size:
             raise ValueError(f"parent {parent} is not a node of this tree (size {self.size})")
@@ -132,6 +136,7 @@ class TreeBuilder:
         self.draft_prob.append(float(draft_prob))
         self.path_prob.append(self.path_prob[parent] * float(draft_prob))
         self.merged.append(bool(merged))
+        self.copied.append(bool(copied))
         self.child_rule.append(ChildRule.NONE)
         return self.size - 1
 
@@ -153,6 +158,7 @@ class TreeBuilder:
             draft_prob=np.asarray(self.draft_prob, dtype=np.float64),
             path_prob=np.asarray(self.path_prob, dtype=np.float64),
             merged=np.asarray(self.merged, dtype=bool),
+            copied=np.asarray(self.copied, dtype=bool),
             child_rule=np.asarray(self.child_rule, dtype=np.int8),
             dists=dict(self.dists),
             stats=stats or PlanStats(),
@@ -179,6 +185,11 @@ class PlanContext:
     # that a lossless rule exists (sampled from q, or deterministic with the one-hot rule)
     rng: np.random.Generator
     max_nodes: int = 256  # hard cap from the engine (sequence / batch limits), root included
+    # The conversation so far, before the root: system prompt, earlier turns, the prompt, the answer so
+    # far (the target's committed tokens, not copied: read it during ``plan`` only). Within a request it
+    # only grows; ``fresh`` marks a request's first step, where it may differ anywhere from the last one.
+    history: Sequence[int] = ()
+    fresh: bool = True
 
 
 class Planner(Protocol):
@@ -186,8 +197,9 @@ class Planner(Protocol):
 
     name: str
     lossy: bool  # True only for variants that change the output distribution (mcsd-target-init)
+    needs_draft: bool  # False: never calls the drafter (copies from the context); the pair may have none
 
-    def plan(self, root_token: int, drafter: Drafter, ctx: PlanContext) -> DraftTree: ...
+    def plan(self, root_token: int, drafter: Drafter | None, ctx: PlanContext) -> DraftTree: ...
 
     def describe(self) -> str:
         """Short parameter summary for status bars and bench tables, e.g. 'k=4 τ=2 budget=16'."""

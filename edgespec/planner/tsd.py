@@ -92,6 +92,7 @@ class TSDPlanner:
     budget: int = 32  # verified draft tokens per step, root excluded
     name: str = "tsd"
     lossy: bool = False
+    needs_draft: bool = True
 
     def describe(self) -> str:
         return (

@@ -224,17 +224,18 @@ class ChatScreen(Screen):
         if self.loaded is None:
             self.notify("No model is loaded yet.", severity="warning")
             return False
-        if choice.name != "none" and not self.loaded.engine.has_draft:
-            self.notify(
-                f"{self.loaded.name} was loaded without a draft model, so only plain decoding ('none') "
-                "works. Start edgespec chat with --draft to speculate.",
-                severity="error",
-            )
-            return False
         try:
             planner = self.backend.make_planner(choice)
         except (EdgespecError, ValueError, TypeError) as exc:
             self.notify(f"cannot use strategy {choice.name}: {exc}", severity="error", timeout=12)
+            return False
+        if planner is not None and planner.needs_draft and not self.loaded.engine.has_draft:
+            self.notify(
+                f"{self.loaded.name} was loaded without a draft model, so only plain decoding ('none') "
+                "and copying from the conversation ('ngram') work. Start edgespec chat with --draft to "
+                "speculate.",
+                severity="error",
+            )
             return False
         self.strategy, self.planner = choice, planner
         self.strategy_chosen = self.strategy_chosen or chosen

@@ -1,7 +1,8 @@
 """The conversation: user messages and answers, the answer in flight streaming token by token.
 
 While an answer streams, its text is drawn token by token, each run styled by provenance (an accepted
-draft token, a token of a GSD-merged node, or a token the target chose itself). A finished answer is
+draft token, a token of a GSD-merged node, a token copied from the conversation, or a token the target
+chose itself). A finished answer is
 rendered as Markdown; the "token view" toggle shows the provenance colours of finished answers instead.
 """
 
@@ -18,6 +19,7 @@ from ..messages import Span
 PROVENANCE_CLASSES = {
     Provenance.DRAFT: "provenance--draft",
     Provenance.MERGED: "provenance--merged",
+    Provenance.COPIED: "provenance--copied",
     Provenance.TARGET: "provenance--target",
 }
 

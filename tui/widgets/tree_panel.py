@@ -16,9 +16,10 @@ def token_label(text: str) -> str:
 
 
 class DraftTreePanel(Vertical):
-    """Toggle with ctrl+t. Nodes: token, draft probability; ✓ accepted, ⇄ merged (GSD), ✗ rejected."""
+    """Toggle with ctrl+t. Nodes: token, draft probability; ✓ accepted, ⇄ merged (GSD), ⧉ copied from the
+    conversation, ✗ rejected."""
 
-    COMPONENT_CLASSES = {"tree--accepted", "tree--rejected", "tree--merged", "tree--bonus"}
+    COMPONENT_CLASSES = {"tree--accepted", "tree--rejected", "tree--merged", "tree--copied", "tree--bonus"}
 
     def __init__(self) -> None:
         super().__init__(id="tree-panel")
@@ -48,7 +49,9 @@ class DraftTreePanel(Vertical):
             return
         drafted = len(snap.labels) - 1
         accepted = len(snap.accepted) - 1
-        caption.update(f"{drafted} drafted, {accepted} accepted\n✓ accepted ✗ rejected ⇄ merged + target")
+        caption.update(
+            f"{drafted} drafted, {accepted} accepted\n✓ accepted ✗ rejected ⇄ merged ⧉ copied + target"
+        )
         tree.root.set_label(self._label(snap, 0))
         nodes = {0: tree.root}
         for i in range(1, len(snap.labels)):
@@ -74,10 +77,11 @@ class DraftTreePanel(Vertical):
         if i == 0:
             return Text(f"'{token_label(snap.labels[0])}' (root)")
         on_path = i in snap.accepted
-        role = "tree--accepted" if on_path else "tree--merged" if snap.merged[i] else "tree--rejected"
-        mark = "✓" if on_path else "⇄" if snap.merged[i] else "✗"
+        source = "merged" if snap.merged[i] else "copied" if snap.copied[i] else ""
+        role = "tree--accepted" if on_path else f"tree--{source}" if source else "tree--rejected"
+        mark = "✓" if on_path else {"merged": "⇄", "copied": "⧉"}.get(source, "✗")
         label = Text(f"{mark} '{token_label(snap.labels[i])}'", style=self.get_component_rich_style(role))
-        if snap.merged[i] and on_path:
-            label.append(" ⇄")
+        if source and on_path:
+            label.append(" ⇄" if source == "merged" else " ⧉")
         label.append(f"  {snap.draft_prob[i]:.2f}", style="dim")
         return label
