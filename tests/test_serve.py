@@ -13,12 +13,12 @@ import time
 
 import httpx
 import pytest
+from tui_fakes import FakeEngine, FakePlanner, canned_answer
 
 from edgespec.errors import ContextFullError
 from edgespec.server.app import create_app
 from edgespec.server.protocol import ApiError, Defaults, chat_request, sse
 from edgespec.server.worker import Loaded, Worker
-from tui_fakes import FakeEngine, FakePlanner, canned_answer
 
 openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
@@ -195,10 +195,11 @@ def test_full_queue_answers_503_with_retry_after(serve):
     run = serve(max_queue=1, delay=0.05, repeat=20)
     client = run.client()
     results: list = []
-    background = [
-        threading.Thread(target=lambda: results.append(client.chat.completions.create(model=MODEL, messages=ASK)))
-        for _ in range(2)
-    ]
+
+    def ask() -> None:
+        results.append(client.chat.completions.create(model=MODEL, messages=ASK))
+
+    background = [threading.Thread(target=ask) for _ in range(2)]
     for thread in background:  # one answering, one waiting
         thread.start()
         time.sleep(0.2)
