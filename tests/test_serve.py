@@ -220,3 +220,16 @@ def test_disconnect_cancels_the_answer_and_frees_the_server(serve):
     assert reply.usage.completion_tokens == 3
     assert time.monotonic() - start < 2.0  # not the ~10 s the abandoned answer would take
     assert run.engine.finishes[0] == "cancelled"
+
+
+def test_bench_client_measures_any_server(serve, tmp_path, capsys):
+    from edgespec.server.bench_client import main
+
+    run = serve()
+    assert (
+        main([run.url + "/v1", "--prompts", "quick", "--max-tokens", "4", "--json", str(tmp_path / "b.json")])
+        == 0
+    )
+    rows = json.loads((tmp_path / "b.json").read_text())
+    assert rows and all(r["tokens"] == 4 and r["draft_n"] is not None for r in rows)
+    assert rows[0]["prompt"] in capsys.readouterr().out
