@@ -128,6 +128,10 @@ class PairEngine:
 
         return stream_reply(self.pair, planner, messages, settings, cancel=cancel, stats=stats)
 
+    def forget(self) -> None:
+        """Empty the KV caches (the server starts every answer from scratch)."""
+        self.pair.forget()
+
     def close(self) -> None:
         self.pair.close()
 

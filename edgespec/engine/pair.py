@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from ..errors import PairingError
 from ._llama import LLAMA_MAX_SEQ, Context, ContextSettings, Model, amx_guard, system_info
-from .runners import Draft, Target
+from .runners import CachedModel, Draft, Target
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,13 @@ class ModelPair:
     def max_nodes(self) -> int:
         """Largest tree (root included) the contexts accept."""
         return self.target.n_seq
+
+    def forget(self) -> None:
+        """Empty both KV caches: the next prompt is decoded from scratch, so what the caches held before
+        (an earlier or cancelled answer) cannot change the next answer's tokens."""
+        for runner in (self.target, self.draft):
+            if runner is not None:
+                CachedModel.sync(runner, [])  # the base sync: Draft.sync wants a pending root token
 
     def close(self) -> None:
         for runner in (getattr(self, "draft", None), getattr(self, "target", None)):

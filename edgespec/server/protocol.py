@@ -1,0 +1,212 @@
+"""The OpenAI chat-completions wire format: request validation and response shapes (pure, no I/O).
+
+Validation turns a parsed JSON body into a ``ChatRequest`` or raises ``ApiError`` with the HTTP status
+and a message that says what to fix. Response helpers build OpenAI's objects plus a ``timings`` object
+in llama-server's shape (so clients written for llama-server read edgespec's numbers too) extended
+with edgespec's own (strategy, mean accepted length, target calls).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+from ..chat import ChatSettings, Message
+from ..events import GenerationStats
+from ..sampling import SamplingParams
+
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length"}  # decoder → OpenAI
+
+
+class ApiError(Exception):
+    """An error response in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    @property
+    def kind(self) -> str:
+        if self.status == 401:
+            return "authentication_error"
+        if self.status == 404:
+            return "not_found_error"
+        return "invalid_request_error" if self.status < 500 else "server_error"
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """What a request gets for the fields it leaves out (the server's command-line settings)."""
+
+    model: str  # the one model id this server answers for
+    sampling: SamplingParams = SamplingParams()
+    max_tokens: int = 512
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    messages: tuple[Message, ...]  # user and assistant turns, oldest first
+    settings: ChatSettings  # sampling, max_tokens, stop strings and the joined system messages
+    stream: bool
+
+
+def parse_body(raw: bytes) -> dict:
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"the request body is not valid JSON ({exc}); send a JSON object.") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, 'the request body must be a JSON object, e.g. {"messages": [...]}.')
+    return body
+
+
+def chat_request(body: dict, defaults: Defaults) -> ChatRequest:
+    """Validate a chat-completions body. Unknown fields are ignored (clients send many)."""
+    model = body.get("model")
+    if model is not None and model != defaults.model:
+        raise ApiError(
+            404,
+            f"model {model!r} is not served here; this server answers for {defaults.model!r} "
+            "(see GET /v1/models).",
+            "model",
+            "model_not_found",
+        )
+    system, turns = _messages(body.get("messages"))
+    if _field(body, "n", int, 1) != 1:
+        raise ApiError(400, "n must be 1: this server returns one choice per request.", "n")
+    max_tokens = _field(body, "max_completion_tokens", int, None)
+    max_tokens = _field(
+        body, "max_tokens", int, max_tokens if max_tokens is not None else defaults.max_tokens
+    )
+    if max_tokens < 1:
+        raise ApiError(400, f"max_tokens must be a positive integer, not {max_tokens}.", "max_tokens")
+    d = defaults.sampling
+    temperature = _field(body, "temperature", float, d.temperature)
+    if not 0 <= temperature <= 2:
+        raise ApiError(400, f"temperature must be between 0 and 2, not {temperature}.", "temperature")
+    top_p = _field(body, "top_p", float, d.top_p)
+    if not 0 < top_p <= 1:
+        raise ApiError(400, f"top_p must be in (0, 1], not {top_p}.", "top_p")
+    seed = _field(body, "seed", int, d.seed)
+    stop = body.get("stop")
+    if stop is None:
+        stop = []
+    elif isinstance(stop, str):
+        stop = [stop]
+    elif not (isinstance(stop, list) and all(isinstance(s, str) and s for s in stop)):
+        raise ApiError(400, "stop must be a string or a list of non-empty strings.", "stop")
+    sampling = SamplingParams(temperature=temperature, top_k=d.top_k, top_p=top_p, seed=seed)
+    settings = ChatSettings(sampling=sampling, max_tokens=max_tokens, system_prompt=system, stop=tuple(stop))
+    return ChatRequest(turns, settings, stream=_field(body, "stream", bool, False))
+
+
+def _field(body: dict, name: str, kind: type, default):
+    """``body[name]`` checked against ``kind`` (bool is not a number; an int is a float)."""
+    value = body.get(name)
+    if value is None:
+        return default
+    ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value, ok = float(value), True
+    if not ok or (kind is float and not math.isfinite(value)):
+        names = {int: "an integer", float: "a number", bool: "true or false"}
+        raise ApiError(400, f"{name} must be {names[kind]}, not {json.dumps(value)}.", name)
+    return value
+
+
+def _messages(value) -> tuple[str, tuple[Message, ...]]:
+    """(system prompt, the other turns). System messages are joined: the chat template takes one."""
+    if not isinstance(value, list) or not value:
+        raise ApiError(400, 'messages must be a non-empty list of {"role", "content"} objects.', "messages")
+    system, turns = [], []
+    for i, message in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise ApiError(400, f"{where} must be an object with role and content.", where)
+        role = ROLES.get(message.get("role"))
+        if role is None:
+            raise ApiError(
+                400,
+                f"{where}.role must be one of {', '.join(ROLES)}, not {json.dumps(message.get('role'))}.",
+                f"{where}.role",
+            )
+        text = _content(message.get("content"), f"{where}.content")
+        (system if role == "system" else turns).append(text if role == "system" else Message(role, text))
+    if not turns or turns[-1].role != "user":
+        raise ApiError(400, "the last non-system message must be the user's.", "messages")
+    return "\n\n".join(system), tuple(turns)
+
+
+def _content(value, where: str) -> str:
+    """A string, or a list of text parts (``{"type": "text", "text": ...}``); images are not supported."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in value):
+        if all(isinstance(p.get("text"), str) for p in value):
+            return "".join(p["text"] for p in value)
+    raise ApiError(
+        400, f"{where} must be a string or a list of text parts (this server reads text only).", where
+    )
+
+
+# -- responses --------------------------------------------------------------------------------------
+def usage(stats: GenerationStats) -> dict:
+    return {
+        "prompt_tokens": stats.prompt_tokens,
+        "completion_tokens": stats.tokens,
+        "total_tokens": stats.prompt_tokens + stats.tokens,
+    }
+
+
+def timings(stats: GenerationStats, strategy: str) -> dict:
+    """llama-server's ``timings`` (prompt = prefill, predicted = the decoding steps), plus edgespec's."""
+    prompt_ms = stats.prefill_seconds * 1000
+    predicted_ms = stats.timings.total * 1000
+    return {
+        "prompt_n": stats.prompt_tokens,
+        "prompt_ms": prompt_ms,
+        "prompt_per_second": stats.prompt_tokens / stats.prefill_seconds if stats.prefill_seconds else 0.0,
+        "predicted_n": stats.tokens,
+        "predicted_ms": predicted_ms,
+        "predicted_per_second": stats.tokens * 1000 / predicted_ms if predicted_ms else 0.0,
+        "draft_n": stats.drafted,
+        "draft_n_accepted": stats.accepted,
+        "strategy": strategy,
+        "mean_accepted_length": stats.mean_accepted_length,
+        "target_calls": stats.target_calls,
+    }
+
+
+def completion(ident: str, created: int, model: str, text: str, finish: str, extra: dict) -> dict:
+    """The non-streaming answer; ``extra`` carries usage and timings."""
+    choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+    return {
+        "id": ident,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        **extra,
+    }
+
+
+def chunk(ident: str, created: int, model: str, delta: dict, finish: str | None = None) -> dict:
+    choice = {"index": 0, "delta": delta, "finish_reason": finish}
+    return {
+        "id": ident,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+    }
+
+
+def sse(data: dict | str) -> bytes:
+    """One server-sent event: ``data: <json>`` and a blank line (``[DONE]`` is sent as is)."""
+    text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    return f"data: {text}\n\n".encode()
