@@ -1,9 +1,10 @@
 """Logits to probabilities, for both sides of speculation. Pure numpy.
 
 Target side: one dense distribution p per tree node the verifier visits (only the accepted path).
-Draft side: a whole level's rows at once, reduced to their top-K candidates: the normalisers in one
-float32 pass over the (rows, V) block; the top K of each row among the few logits above a floor
-found from group maxima (no partition of the whole row).
+Draft side: a whole level's rows at once, reduced to their top-K candidates: one strided pass over
+the (rows, V) block for the group maxima (each row's max, and a floor under its top K: the top K
+are found among the few logits above it, no partition of the whole row), then per row one float32
+exp pass for the normaliser.
 """
 
 from __future__ import annotations
