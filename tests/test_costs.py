@@ -39,7 +39,7 @@ def test_measure_leaves_the_caches_committed(measured):
         view = runner.ctx.committed_view()
         assert [pos for pos, _, _ in view] == list(range(len(runner.committed)))
         assert [tok for _, tok, _ in view] == runner.committed
-        assert all(seqs == frozenset(runner.all_seqs) for _, _, seqs in view)
+        assert all(seqs == frozenset(runner.tagged_seqs) for _, _, seqs in view)
     assert len(pair.target.committed) == costs.CONTEXT_TOKENS - 1
 
 

@@ -40,11 +40,11 @@ def _echo_prompt() -> list[int]:
 
 
 def _assert_cache_is_committed(runner):
-    """Every cell is committed: positions 0..n-1, the committed tokens, tagged with every sequence id."""
+    """Every cell is committed: positions 0..n-1, the committed tokens, tagged with ids 0 … w−1."""
     view = runner.ctx.committed_view()
     assert [pos for pos, _, _ in view] == list(range(len(runner.committed)))
     assert [tok for _, tok, _ in view] == runner.committed
-    assert all(seqs == frozenset(runner.all_seqs) for _, _, seqs in view)
+    assert all(seqs == frozenset(runner.tagged_seqs) for _, _, seqs in view)
 
 
 @pytest.mark.parametrize("gamma", [1, 2, 4, 8])
@@ -69,6 +69,25 @@ def test_bushy_trees_equal_plain_decoding_and_keep_caches_committed(seed):
     _assert_cache_is_committed(pair.target)
     _assert_cache_is_committed(pair.draft)
     assert pair.target.committed[: len(pair.draft.committed)] == pair.draft.committed
+
+
+def test_sequence_ids_are_tagged_only_as_far_as_trees_use_them():
+    """A chain uses one id in each cache, so its commits re-tag nothing; a tree tags the committed
+    prefix with as many ids as its widest step used (leaves in the target, branches in the draft)."""
+    pair = FakePair(n_seq=33)
+    pair.target.ctx.seq_cp = pair.draft.ctx.seq_cp = _forbidden
+    _run(pair, ChainPlanner(gamma=4), max_tokens=30)
+    assert pair.target.tagged_seqs == pair.draft.tagged_seqs == (0,)
+    _assert_cache_is_committed(pair.target)
+
+    pair = FakePair(n_seq=33)
+    _, events = _run(pair, RandomTreePlanner(budget=12, seed=1), max_tokens=40)
+    assert len(pair.target.tagged_seqs) == max(e.leaves for e in events if e.verified_nodes) < 33
+    assert 1 < len(pair.draft.tagged_seqs) < 33
+
+
+def _forbidden(*args):
+    raise AssertionError(f"seq_cp{args} in a chain")
 
 
 def test_one_draft_decode_per_level():

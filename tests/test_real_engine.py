@@ -111,8 +111,8 @@ def test_tree_batch_logits_match_each_path_decoded_alone(pair, batch_noise):
 
 
 def _cells(model) -> list[int]:
-    """Per sequence id, the saved-state size of the model's cache (linear in the cells it holds)."""
-    return [model.ctx.seq_state_bytes(seq) for seq in model.all_seqs]
+    """Per tagged sequence id, the saved-state size of the model's cache (linear in the cells it holds)."""
+    return [model.ctx.seq_state_bytes(seq) for seq in model.tagged_seqs]
 
 
 def _single_token_logits(target, prompt, sequence, chunk: int) -> np.ndarray:
@@ -129,7 +129,7 @@ def _single_token_logits(target, prompt, sequence, chunk: int) -> np.ndarray:
 def test_kv_cache_after_300_speculative_steps_equals_a_fresh_decode():
     """Bushy trees of ≤ 8 tokens with sampled acceptance for 300 steps, then two checks.
 
-    Exact: every sequence id holds exactly the committed cells, in both caches (saved-state sizes
+    Exact: every tagged sequence id holds exactly the committed cells, in both caches (saved-state sizes
     equal those of a cache rebuilt from the committed tokens; no position past the sequence) — a
     rejected cell left behind fails this however little it moves the logits.
     Numeric: the next-token logits against a token-by-token re-decode. Batched and single-token
@@ -163,7 +163,10 @@ def test_kv_cache_after_300_speculative_steps_equals_a_fresh_decode():
         spec_cells = {"target": _cells(target_model), "draft": _cells(draft_model)}
         for name, model in (("target", target_model), ("draft", draft_model)):
             n = len(model.committed)
-            assert [model.ctx.seq_pos_max(seq) for seq in model.all_seqs] == [n - 1] * model.n_seq, name
+            w = len(model.tagged_seqs)  # ids ≥ w are in no cell
+            assert [model.ctx.seq_pos_max(seq) for seq in range(model.n_seq)] == [n - 1] * w + [-1] * (
+                model.n_seq - w
+            ), name
 
         sequence = list(target_model.committed)
         target_model.sync(sequence[:-1])  # drops only the last cell; the rest is the speculative KV

@@ -74,6 +74,16 @@ def test_extreme_rows():
     assert_same_top_k(rows, 32, 0.5, QWEN_VOCAB)
 
 
+@pytest.mark.parametrize("shift", [-60.0, -49.0, 79.0, 90.0])
+def test_rows_near_and_past_the_exact_exp_range(shift):
+    """At T = 1 exp(l) is taken unshifted only while the peak is in EXACT_EXP_RANGE (no overflow, no
+    loss to underflow); past it the subtracting path takes over. Both agree with float64."""
+    rng = np.random.default_rng(5)
+    rows = llm_like_rows(rng, 3, QWEN_VOCAB)
+    rows += np.float32(shift) - rows.max(axis=1, keepdims=True)  # peak exactly at the shift
+    assert_same_top_k(rows, 32, 1.0, QWEN_VOCAB)
+
+
 def test_top2_margin_is_top_one_minus_top_two():
     rng = np.random.default_rng(4)
     rows = [np.round(rng.normal(0, 2, 50)).astype(np.float32) for _ in range(100)]  # many shared tops

@@ -1,10 +1,12 @@
 """Target and draft models with their KV bookkeeping.
 
 Invariant for both caches: the committed tokens occupy positions [0, n) and every committed cell
-carries **all** sequence ids, so any sequence id used by a tree token sees the whole prefix.
-Speculative cells (positions ≥ n) carry only the ids of their own branch. After a step only the new
-positions are touched: the accepted path's cells are re-tagged with every id, the rest removed —
-the prefix is never copied.
+carries the sequence ids 0 … w−1 (``tagged_seqs``; ids ≥ w are in no cell), so any id < w used by a
+tree token sees the whole prefix. w grows on demand: before a tree first uses an id ≥ w, the
+committed prefix is tagged with it once (one ``seq_cp`` of the prefix per new id, ever). Speculative
+cells (positions ≥ n) carry only the ids of their own branch. After a step only the new positions are
+touched: the accepted path's cells are re-tagged with the w ids, the rest removed — so a step costs
+w − 1 ``seq_cp`` calls (w: the most ids any step has used: 1 for a chain), not n_seq_max − 1.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ class CachedModel:
         self.ctx = ctx
         self.model = ctx.model
         self.n_seq = ctx.settings.n_seq_max
-        self.all_seqs = tuple(range(self.n_seq))
+        self.tagged_seqs: tuple[int, ...] = (0,)  # the ids every committed cell carries: 0 … w−1
         self.committed: list[int] = []
 
     @property
@@ -49,7 +51,7 @@ class CachedModel:
         self.decode_committed(tokens[keep:], want_last=False)
 
     def decode_committed(self, tokens: Sequence[int], want_last: bool) -> np.ndarray | None:
-        """Decode a chain of tokens into the committed prefix (every sequence id); returns the last
+        """Decode a chain of tokens into the committed prefix (every tagged sequence id); returns the last
         token's logits row when asked."""
         step = self.ctx.settings.n_batch
         for start in range(0, len(tokens), step):
@@ -59,25 +61,34 @@ class CachedModel:
             self.ctx.decode(
                 chunk,
                 range(base, base + len(chunk)),
-                [self.all_seqs] * len(chunk),
+                [self.tagged_seqs] * len(chunk),
                 [last and i == len(chunk) - 1 for i in range(len(chunk))],
             )
             self.committed.extend(int(t) for t in chunk)
         return self.ctx.logits_rows(1)[0] if want_last and tokens else None
+
+    def _tag_prefix(self, n_ids: int, end: int) -> None:
+        """Grow w to ``n_ids``: tag the committed cells [0, ``end``) with each new id (from id 0, which
+        carries them; its speculative cells, at positions ≥ ``end``, are left alone)."""
+        if n_ids > self.n_seq:
+            raise ValueError(f"a tree needs {n_ids} sequence ids, the context has {self.n_seq}")
+        for seq in range(len(self.tagged_seqs), n_ids):
+            self.ctx.seq_cp(0, seq, 0, end)
+        self.tagged_seqs = tuple(range(max(n_ids, len(self.tagged_seqs))))
 
     def _keep_branch(self, keep_seq: int, used_seqs: Sequence[int], start: int, end: int) -> None:
         """Commit the cells of ``keep_seq`` in [start, end) and drop every other speculative cell.
 
         1. ``keep_seq`` leaves the cells after the accepted path (its rejected descendants);
         2. every other used sequence leaves all speculative positions;
-        3. the accepted cells are tagged with every sequence id, joining the committed prefix.
+        3. the accepted cells are tagged with the w ids, joining the committed prefix.
         """
         self.ctx.seq_rm(keep_seq, end)
         for seq in used_seqs:
             if seq != keep_seq:
                 self.ctx.seq_rm(seq, start)
         if end > start:
-            for seq in self.all_seqs:
+            for seq in self.tagged_seqs:
                 if seq != keep_seq:
                     self.ctx.seq_cp(keep_seq, seq, start, end)
 
@@ -96,6 +107,7 @@ class Target(CachedModel):
         its row; only the drafted nodes are packed, at the same positions and sequence ids.
         """
         layout = tree_layout(tree.parents)
+        self._tag_prefix(layout.n_leaves, len(self.committed))  # every leaf id sees the prefix
         if root_row is not None:
             if tree.size == 1:
                 return layout, root_row[None, :]
@@ -204,6 +216,7 @@ class Draft(CachedModel):
             raise ValueError(
                 f"the tree needs more than {self.n_seq} draft sequences (planner exceeded max_nodes)"
             )
+        self._tag_prefix(seq + 1, self._root_pos + 1)  # the committed prefix ends at the root
         self._used_seqs.append(seq)
         return seq
 
