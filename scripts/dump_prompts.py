@@ -6,7 +6,6 @@ bench decodes, for other tools to read (llama.cpp's `-f`): docs/benchmarks.md co
 import sys
 from pathlib import Path
 
-from edgespec.chat import Message
 from edgespec.engine import EngineSettings, ModelPair
 from edgespec.prompts import prompt_set
 from edgespec.store import ModelStore
