@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -106,10 +107,15 @@ def test_chat_answers_in_a_real_terminal(tmp_path, unpack, pair_files):
     try:
         screen = _wait_for(tmux, session, lambda s: " ready " in s, "the chat to load")
         subprocess.run([*tmux, "send-keys", "-t", session, "Say hello in Python.", "Enter"], check=True)
-        screen = _wait_for(tmux, session, lambda s: "max tokens reached" in s, "the answer")
-        assert "12 tokens" in screen and "chain" in screen
+        screen = _wait_for(tmux, session, lambda s: "max tokens reached" in _flat(s), "the answer")
+        assert "12 tokens" in _flat(screen) and "chain" in screen
     finally:
         subprocess.run([*tmux, "kill-server"], capture_output=True)
+
+
+def _flat(screen: str) -> str:
+    """The screen's text with box borders and line wraps folded into single spaces."""
+    return re.sub(r"[\s│]+", " ", screen)
 
 
 def _wait_for(tmux: list[str], session: str, ready, what: str, timeout: float = 240) -> str:
