@@ -44,12 +44,6 @@ def llama_lib_dir() -> Path:
     return Path(llama_cpp.__file__).parent / "lib"
 
 
-def compiled_features() -> str:
-    from edgespec.engine import system_info
-
-    return system_info()
-
-
 def pyinstaller_args(out: Path, work: Path, entry: Path) -> list[str]:
     libs = llama_lib_dir()
     args = [
@@ -77,8 +71,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="freeze a llama-cpp-python built with instruction sets beyond AVX2")
     opts = parser.parse_args(argv)
 
-    features = {f.split("=")[0].split(":")[-1].strip() for f in compiled_features().split("|") if "= 1" in f}
-    extra = sorted(f for f in features if f.startswith(BEYOND_AVX2))
+    from edgespec.engine import compiled_features
+
+    extra = sorted(f for f in compiled_features() if f.startswith(BEYOND_AVX2))
     if extra and not opts.allow_non_portable:
         print(f"this environment's llama-cpp-python uses {', '.join(extra)}: the binary would not run on "
               "every AVX2 CPU. Run `python scripts/install_llama.py --portable` first, or pass "

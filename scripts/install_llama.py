@@ -103,8 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-install", action="store_true", help="build (or find) the wheel only")
     opts = parser.parse_args(argv)
 
-    if platform.machine() not in ("x86_64", "AMD64"):
-        flags: set[str] | None = set()  # no x86 options; ggml picks the architecture's own
+    if platform.machine() not in ("x86_64", "AMD64"):  # no x86 options; ggml picks the architecture's own
         args = os.environ.get("CMAKE_ARGS", "").split()
     else:
         flags = None if opts.portable else cpu_flags(Path("/proc/cpuinfo").read_text())

@@ -38,7 +38,7 @@ class ServeFake(FakeEngine):
 
     def forget(self) -> None:
         self.forgotten += 1
-        self.used = 0
+        super().forget()
 
     def stream(self, planner, messages, settings, cancel, stats):
         for event in super().stream(planner, messages, settings, cancel, stats):

@@ -85,6 +85,9 @@ class FakeEngine:
     def context_used(self) -> int:
         return self.used
 
+    def forget(self) -> None:
+        self.used = 0
+
     def close(self) -> None:
         self.closed = True
 

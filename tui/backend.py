@@ -75,6 +75,10 @@ class ChatEngine(Protocol):
         stats: GenerationStats,
     ) -> Iterator[StepEvent]: ...
 
+    def forget(self) -> None:
+        """Empty the KV caches, so nothing cached can change the next answer (``edgespec serve``)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -120,7 +124,7 @@ class PairEngine:
 
         if planner is not None and id(planner) not in self._with_costs:
             # auto, OPT-Tree: this pair's cost profile (measured once per pair and machine, cached)
-            attach(planner, self.pair, progress=lambda what, done, total: on_progress(what, done, total))
+            attach(planner, self.pair, progress=on_progress)
             self._with_costs.add(id(planner))
 
     def stream(self, planner, messages, settings, cancel, stats) -> Iterator[StepEvent]:

@@ -1,6 +1,13 @@
 """The only package that imports llama_cpp: contexts, tree batches, KV bookkeeping, logits views."""
 
-from ._llama import ContextSettings, Model, backend_versions, supports_gpu_offload, system_info
+from ._llama import (
+    ContextSettings,
+    Model,
+    backend_versions,
+    compiled_features,
+    supports_gpu_offload,
+    system_info,
+)
 from .pair import EngineSettings, ModelPair, check_pairing
 from .runners import Draft, Target
 
@@ -11,6 +18,7 @@ __all__ = [
     "Model",
     "ModelPair",
     "backend_versions",
+    "compiled_features",
     "Target",
     "check_pairing",
     "supports_gpu_offload",

@@ -110,13 +110,18 @@ def backend_versions() -> list[str]:
         binding = getattr(C, "__version__", "?")
     _ensure_backend()
     llama = C.llama_version().decode() if hasattr(C, "llama_version") else "?"
-    # system info reads "CPU : SSE3 = 1 | AVX = 1 | ... |": the names of the features set to 1
-    features = [f.split("=")[0].split(":")[-1].strip() for f in system_info().split("|") if "= 1" in f]
     gpu = "GPU offload available" if supports_gpu_offload() else "CPU only"
-    lines = [f"llama-cpp-python {binding} (llama.cpp {llama})", f"backend: {gpu}; CPU: {' '.join(features)}"]
+    features = " ".join(compiled_features())
+    lines = [f"llama-cpp-python {binding} (llama.cpp {llama})", f"backend: {gpu}; CPU: {features}"]
     if amx_crash_risk(cpu_flags(), system_info()):
         lines.append("warning: AMX compiled in on an AMX CPU: repacking is kept off (see README, Install)")
     return lines
+
+
+def compiled_features() -> list[str]:
+    """The CPU features this llama.cpp build has compiled in (AVX2, AVX512, REPACK, AMX_INT8, ...)."""
+    # system info reads "CPU : SSE3 = 1 | AVX = 1 | ... |": the names of the features set to 1
+    return [f.split("=")[0].split(":")[-1].strip() for f in system_info().split("|") if "= 1" in f]
 
 
 def system_info() -> str:

@@ -10,39 +10,22 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING
 
-from ..chat import ChatSettings, Message
-from ..events import GenerationStats, StepEvent
+from ..events import GenerationStats
 from .protocol import ChatRequest
+
+if TYPE_CHECKING:
+    from tui.backend import ChatEngine
 
 DONE = object()  # delivered last, after the events (and the error, if any)
 
 
-class ServeEngine(Protocol):
-    """What the worker needs from a loaded pair (``tui.backend.PairEngine`` has this shape)."""
-
-    def stream(
-        self,
-        planner,
-        messages: Sequence[Message],
-        settings: ChatSettings,
-        cancel: threading.Event,
-        stats: GenerationStats,
-    ) -> Iterator[StepEvent]: ...
-
-    def forget(self) -> None:
-        """Empty the KV caches."""
-        ...
-
-    def close(self) -> None: ...
-
-
 @dataclass(frozen=True)
 class Loaded:
-    engine: ServeEngine
+    engine: ChatEngine  # tui.backend's facade: the same engine the chat app drives
     planner: object | None  # None: plain decoding
     strategy: str  # reported in each response's timings
     name: str  # the pair's name: the model id by default
