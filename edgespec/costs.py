@@ -178,8 +178,8 @@ def llama_version() -> str:
 
 def profile_key(pair) -> dict:
     """Everything the costs depend on: the two model files, offload, threads, repacking, the build."""
-    settings = getattr(pair, "settings", None)
-    threads = getattr(settings, "threads", 0) or os.cpu_count() or 1
+    settings = pair.settings
+    threads = settings.threads or os.cpu_count() or 1
 
     def identity(runner) -> dict:
         ident = model_identity(str(runner.model.path))
@@ -190,10 +190,10 @@ def profile_key(pair) -> dict:
     return {
         "target": identity(pair.target),
         "draft": identity(pair.draft) if pair.draft is not None else None,
-        "target_gpu_layers": getattr(settings, "target_gpu_layers", 0),
-        "draft_gpu_layers": getattr(settings, "draft_gpu_layers", 0),
+        "target_gpu_layers": settings.target_gpu_layers,
+        "draft_gpu_layers": settings.draft_gpu_layers,
         "threads": threads,
-        "repack": getattr(settings, "repack", True),
+        "repack": settings.repack,
         "llama_cpp_python": llama_version(),
         "cpu": cpu_model(),
     }
@@ -246,8 +246,7 @@ def attach(
 ) -> None:
     """Give a planner that wants cost curves (``auto``; OPT-Tree's μ) this pair's profile, measuring
     it if needed (a quick profile, once per pair and machine; ``show_progress`` draws a bar on stderr)."""
-    use = getattr(planner, "use_costs", None)
-    if use is None or pair.draft is None:
+    if not planner.wants_costs or pair.draft is None:
         return
     cached = load_cached(pair, home)
     if cached is None and show_progress and progress is None:
@@ -255,7 +254,7 @@ def attach(
             cached = load_or_measure(pair, quick=True, progress=bar, home=home)
     elif cached is None:
         cached = load_or_measure(pair, quick=True, progress=progress, home=home)
-    use(cached.model(pair.max_nodes - 1))
+    planner.use_costs(cached.model(pair.max_nodes - 1))
 
 
 @contextmanager

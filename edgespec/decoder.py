@@ -130,6 +130,7 @@ class _NoDraft:
 
     decode_seconds = 0.0
     decodes = 0
+    pending = ()
 
     def begin_step(self, temperature: float) -> None:
         pass
@@ -154,7 +155,7 @@ def speculative_step(
     decoding = _llama_seconds(pair)
     # mcsd-target-init: the target decodes the root alone first (committing it); its row is the
     # distribution the root's children are taken from, and row 0 of the verification below.
-    root_row = target.decode_root(root).copy() if getattr(planner, "needs_target_root", False) else None
+    root_row = target.decode_root(root).copy() if planner.needs_target_root else None
     root_seconds = perf_counter() - start
     history = target.committed if root_row is None else target.committed[:-1]  # before the root
     tree, plan_seconds = plan(draft, planner, root, params, rng, max_nodes, root_row, history, fresh)
@@ -189,9 +190,7 @@ def speculative_step(
         merges=tree.stats.merges,
         graph_success=bool(tree.merged[list(verdict.path)].any()),
     )
-    observe = getattr(planner, "observe", None)  # optional hook: planners that learn from outcomes (auto)
-    if observe is not None:
-        observe(event)
+    planner.observe(event)  # planners that learn from outcomes (auto, the copiers' acceptance rates)
     return _Step(emitted, verdict.next_token, event)
 
 

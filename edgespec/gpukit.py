@@ -59,10 +59,9 @@ def make_model(name: str, tokenizer_gguf: str, out_dir: Path, qtype: str = "Q4_K
 def overhead(pair, strategy: str, budget: int, prompt: list[int], tokens: int) -> dict:
     """Median Python ms per step and draft passes per step of one strategy/budget (greedy)."""
     from .decoder import Request, generate
-    from .planner.registry import make_planner
+    from .strategy import PairDefaults, StrategyChoice, make_planner
 
-    params = {"gamma": budget} if strategy == "chain" else {"budget": budget}
-    planner = make_planner(strategy, params)
+    planner = make_planner(StrategyChoice(strategy, {"budget": budget}), PairDefaults("random"))
     steps = [
         e for e in generate(pair, planner, Request(prompt=prompt, max_tokens=tokens)) if e.verified_nodes
     ]

@@ -1,17 +1,19 @@
-"""Options shared by `generate`, `bench`, `chat` and `tune`: which models, how to run them, how to sample,
-which strategy. Turns parsed arguments into engine settings, a loaded pair and a planner."""
+"""Options shared by `generate`, `bench`, `chat`, `serve` and `tune`: which models, how to run them,
+how to sample, which strategy. The CLI side of the one path: flags are generated from the strategy
+table, and parsed arguments become engine settings, a resolved pair and a ``StrategyChoice``
+(``edgespec.strategy.make_planner`` does the rest)."""
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from typing import Any
 
 from .engine.pair import EngineSettings
-from .errors import EdgespecError
-from .planner import registry as strategies
+from .pairs import ResolvedPair, open_pair, resolve_pair
+from .planner import strategies
+from .planner.params import KINDS
 from .sampling import SamplingParams
-
-STRATEGY_NAMES = ("none", *strategies.STRATEGY_NAMES, "auto")
+from .strategy import CHOICES, StrategyChoice
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -55,13 +57,61 @@ def add_strategy_args(parser: argparse.ArgumentParser, default: str = "auto") ->
         "parameters are named as in the papers; unset ones use the "
         "pair's defaults from models.toml, then the paper's",
     )
-    group.add_argument("--strategy", choices=STRATEGY_NAMES, default=default, help=f"default: {default}")
-    strategies.add_parameter_flags(group)
+    group.add_argument("--strategy", choices=CHOICES, default=default, help=f"default: {default}")
+    add_parameter_flags(group, strategies.STRATEGIES)
 
 
-def needs_draft(strategy: str) -> bool:
-    """Whether ``--strategy`` needs the draft model loaded (not for plain decoding, nor for copying)."""
-    return strategy != "none" and strategies.needs_draft(strategy)
+_METAVARS = {"int": "N", "float": "X", "k_config": "K,K,…", "path": "PATH"}
+BUDGET_FLAG_HELP = (
+    "most draft tokens verified per step, root excluded (chain: γ; gsd: unmerged tokens; opt-tree: n; "
+    "mcsd: a cap on the k-configuration, 0 = none)"
+)
+
+
+def _format_default(value: Any) -> str:
+    if isinstance(value, tuple):
+        return ",".join(str(v) for v in value)
+    if value is None or value == "":
+        return "unset"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def add_parameter_flags(parser, among=None) -> None:
+    """One ``--flag`` per parameter name of the strategies ``among`` (default: all), from the
+    planners' own fields (default None: "not given"); the help names the strategies it applies to
+    and their defaults."""
+    names = set(among or strategies.STRATEGIES)
+    for name, owners in strategies.parameters().items():
+        owners = [(strategy, p) for strategy, p in owners if strategy in names]
+        if not owners:
+            continue
+        param = owners[0][1]
+        defaults: dict[str, list[str]] = {}
+        for strategy, p in owners:
+            defaults.setdefault(_format_default(p.default), []).append(strategy)
+        where = "; ".join(f"{'/'.join(names)}: {value}" for value, names in defaults.items())
+        text = f"{BUDGET_FLAG_HELP if name == 'budget' else param.help} [{where}]".replace("%", "%%")
+        parser.add_argument(
+            param.flag,
+            dest=name,
+            default=None,
+            type=str if param.kind == "k_config" else KINDS[param.kind][1],
+            choices=param.choices or None,
+            metavar=None if param.choices else _METAVARS[param.kind],
+            help=text,
+        )
+
+
+def parameters_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The strategy parameters given on the command line (unset flags left out)."""
+    return {
+        name: getattr(args, name) for name in strategies.PARAM_NAMES if getattr(args, name, None) is not None
+    }
+
+
+def strategy_choice(args: argparse.Namespace, name: str | None = None) -> StrategyChoice:
+    """``--strategy`` (or ``name``) with the parameters given on the command line."""
+    return StrategyChoice(name or args.strategy, parameters_from_args(args))
 
 
 def sampling_params(args: argparse.Namespace) -> SamplingParams:
@@ -79,62 +129,12 @@ def engine_settings(args: argparse.Namespace) -> EngineSettings:
     )
 
 
-@dataclass(frozen=True)
-class ResolvedPair:
-    name: str
-    target_path: str
-    draft_path: str | None
-    strategy_defaults: dict  # from models.toml: {"strategy": ..., "budget": ..., params...}
+def resolve(args: argparse.Namespace, need_draft: bool = True) -> ResolvedPair:
+    """The model files ``--pair`` / ``--target`` / ``--draft`` name (assembling bundled ones)."""
+    return resolve_pair(args.pair, args.target, args.draft, need_draft)
 
 
-def resolve_pair(args: argparse.Namespace, need_draft: bool = True) -> ResolvedPair:
-    """Model files for the arguments, assembling or checking them in the store as needed."""
-    from .store import ModelStore
-
-    store = ModelStore()
-    if args.target:
-        if need_draft and not args.draft:
-            raise EdgespecError(
-                "--target needs --draft too (or use --strategy none for plain decoding, or ngram to copy "
-                "from the conversation)."
-            )
-        target = str(store.ensure(args.target))
-        draft = str(store.ensure(args.draft)) if need_draft and args.draft else None
-        return ResolvedPair(f"{args.target}+{args.draft}", target, draft, {})
-    target_path, draft_path, spec = store.ensure_pair(args.pair)
-    defaults = {"strategy": spec.strategy, "budget": spec.budget, **dict(spec.params)}
-    return ResolvedPair(spec.name, str(target_path), str(draft_path) if need_draft else None, defaults)
-
-
-def open_pair(args: argparse.Namespace, need_draft: bool = True):
-    from .engine.pair import ModelPair
-
-    resolved = resolve_pair(args, need_draft)
-    return resolved, ModelPair(resolved.target_path, resolved.draft_path, engine_settings(args))
-
-
-def make_planner(args: argparse.Namespace, resolved: ResolvedPair, strategy: str | None = None, pair=None):
-    """The planner for ``--strategy`` (None for plain decoding), CLI flags over the pair's defaults.
-
-    With the loaded ``pair``, ``auto`` gets the pair's cost profile (measured once, then cached);
-    without it, ``auto`` decodes plainly.
-    """
-    name = strategy or args.strategy
-    if name == "none":
-        return None
-    params = {k: v for k, v in resolved.strategy_defaults.items() if k != "strategy"}
-    if name != resolved.strategy_defaults.get("strategy"):
-        # the pair's budget is for its recommended strategy (a chain's γ is not a tree's n)
-        params.pop("budget", None)
-    params.update(strategies.parameters_from_args(args))
-    if params.get("early_stop") == "model" and not params.get("early_stop_model"):
-        from .tune import decision_model_path  # the pair's model from `edgespec tune`, if trained
-
-        if decision_model_path(resolved.name).is_file():
-            params["early_stop_model"] = str(decision_model_path(resolved.name))
-    planner = strategies.make_planner(name, params)
-    if pair is not None:
-        from .costs import attach
-
-        attach(planner, pair, show_progress=True)
-    return planner
+def load(args: argparse.Namespace, need_draft: bool = True):
+    """(resolved pair, loaded ``ModelPair``) for the arguments."""
+    resolved = resolve(args, need_draft)
+    return resolved, open_pair(resolved, engine_settings(args))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -30,6 +31,12 @@ def home_dir() -> Path:
 def config_dir() -> Path:
     """The directory holding the user's configuration (``models.toml``)."""
     return Path(os.environ.get("EDGESPEC_CONFIG") or platformdirs.user_config_dir(APP_NAME))
+
+
+def decision_model_path(pair_name: str) -> Path:
+    """Where `edgespec tune` stores the pair's decision model (and where ``--early-stop model`` looks)."""
+    safe = re.sub(r"[^A-Za-z0-9._+-]", "_", pair_name)
+    return home_dir() / "decision-models" / f"{safe}.npz"
 
 
 def user_registry_path() -> Path:

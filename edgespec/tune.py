@@ -19,7 +19,6 @@ step, and (greedy) agreement with plain decoding.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,19 +28,11 @@ import numpy as np
 from .chat import ChatSettings, Message, prompt_tokens, stream_reply
 from .errors import EdgespecError
 from .events import GenerationStats, StepEvent
-from .paths import home_dir
 from .planner.earlystop import DecisionModel, accuracy, auc, feature_matrix
+from .planner.mcsd import MCSDPlanner
 from .planner.tree import ChildRule, DraftTree, Planner, TreeBuilder
 from .prompts import ENGINE_PROMPTS, PromptCase, load_prompts
 from .sampling import SamplingParams
-
-MODEL_DIR = "decision-models"
-
-
-def decision_model_path(pair_name: str) -> Path:
-    """Where `edgespec tune` stores the pair's decision model (and where model mode looks for it)."""
-    safe = re.sub(r"[^A-Za-z0-9._+-]", "_", pair_name)
-    return home_dir() / MODEL_DIR / f"{safe}.npz"
 
 
 # -- prompts --------------------------------------------------------------------------------------
@@ -133,14 +124,14 @@ def run_prompt(pair, planner: Planner | None, case: PromptCase, max_tokens: int,
 
 def collect(
     pair,
-    planner: Planner,
+    planner: MCSDPlanner,
     cases: Sequence[PromptCase],
     max_tokens: int,
     sampling: SamplingParams,
     on_prompt: Callable[[int], None] | None = None,
 ) -> Examples:
     """Run every prompt with ``planner`` (early stop must be off, or the data only covers what it kept)."""
-    if getattr(planner, "early_stop", "off") != "off":
+    if planner.early_stop != "off":
         raise EdgespecError("collect the training data with early stop off (it would hide the deeper nodes)")
     examples = Examples.empty()
     for i, case in enumerate(cases):
@@ -289,7 +280,7 @@ def compare(
                     versus.append(loglik[i, j + 1] - loglik[i, j])
                     if sampling.greedy:
                         agree.append(agreement(run.tokens, before.tokens))
-        decodes = 2 if getattr(planner, "needs_target_root", False) else 1
+        decodes = 2 if planner.needs_target_root else 1
         label = f"{planner.name} {planner.describe()}" + (" (lossy)" if planner.lossy else "")
         row = _row(
             label,

@@ -157,12 +157,32 @@ class FakePair:
     """The ModelPair shape over fake contexts."""
 
     def __init__(self, n_seq: int = 65, n_ctx: int = 4096, draft_noise: float = 1.0, top_k: int = 8):
+        from edgespec.engine.pair import EngineSettings
         from edgespec.engine.runners import Draft, Target
 
         settings = ContextSettings(n_ctx=n_ctx, n_batch=512, n_seq_max=n_seq)
         self.target = Target(FakeContext(FakeModel(), settings, rng_seed=1))
         self.draft = Draft(FakeContext(FakeModel(noise=draft_noise), settings, rng_seed=2), top_k=top_k)
         self.max_nodes = n_seq
+        self.settings = EngineSettings(n_ctx=n_ctx, max_tree_nodes=n_seq - 1)
 
     def close(self) -> None:
         pass
+
+
+class ChatFakePair(FakePair):
+    """FakePair with what `stream_reply` needs: a chat template, a tokenizer, and `with`."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        model = self.target.model
+        model.apply_chat_template = lambda messages: "|".join(m["content"] for m in messages)
+        model.tokenize = lambda text, add_special=True, parse_special=True: [
+            1 + ord(c) % (VOCAB - 1) for c in text[:12]
+        ]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

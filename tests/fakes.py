@@ -58,6 +58,7 @@ class SyntheticDrafter:
 
     def __init__(self, dist_fn: DistFn):
         self.dist_fn = dist_fn
+        self.pending: tuple[int, ...] = ()  # the draft has caught up (the Drafter protocol's catch-up)
         self.decodes = 0  # expand() calls = batched draft decodes
         self.nodes_expanded = 0  # nodes evaluated over all calls
         self.calls: list[list[int]] = []  # the node lists, call by call

@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from edgespec.planner.auto import CostModel
-from edgespec.planner.registry import AUTO, STRATEGY_NAMES, make_planner
+from edgespec.planner.strategies import STRATEGY_NAMES
+from edgespec.planner.strategies import build as make_planner
 from edgespec.planner.tree import ChildRule, DraftTree, PlanContext, SparseDist, TreeBuilder
 from edgespec.verify import verify_sampling
 
@@ -49,7 +50,7 @@ STEPS = 111_000  # see the module docstring: a 0.005 shift in any first-token fr
 MAX_POSITION = 4  # positions ≥ 4 in a step share a stratum (by previous token)
 MIN_EXPECTED = 5.0  # chi-square strata with a smaller expected count in some cell are left out
 
-STRATEGIES = (*STRATEGY_NAMES, AUTO.name)  # every registered strategy; new ones are picked up here
+STRATEGIES = (*STRATEGY_NAMES, "auto")  # every registered strategy; new ones are picked up here
 # Parameters that give each strategy ≥ 2 siblings and depth ≥ 3 on this pair in a small tree;
 # a strategy not listed gets {"budget": 10}.
 PARAMS: dict[str, dict] = {
@@ -105,6 +106,8 @@ def make_pair(seed: int = 11) -> SyntheticPair:
 class MarkovDrafter:
     """The ``Drafter`` protocol over the pair's draft: a node's distribution depends on its token only."""
 
+    pending = ()  # always caught up
+
     def __init__(self, pair: SyntheticPair):
         self.pair = pair
 
@@ -117,7 +120,7 @@ class MarkovDrafter:
 
 def planner_for(name: str, pair: SyntheticPair):
     planner = make_planner(name, PARAMS.get(name, {"budget": 10}))
-    if hasattr(planner, "use_costs"):
+    if planner.wants_costs:
         planner.use_costs(COSTS)
     return planner
 
@@ -129,7 +132,7 @@ HISTORY = (1, 2, ROOT, 7, 8, 9, 3, 4, ROOT, 0, 1, 2, 6, 11, ROOT, 7, 8, 10, 12, 
 
 def _plan(planner, pair: SyntheticPair, rng: np.random.Generator) -> DraftTree:
     ctx = PlanContext(sampling=True, rng=rng, max_nodes=64, history=HISTORY, fresh=True)
-    if getattr(planner, "needs_target_root", False):  # the target's own candidates at the root
+    if planner.needs_target_root:  # the target's own candidates at the root
         p = pair.target[ROOT]
         order = np.argsort(-p, kind="stable").astype(np.int32)
         return planner.plan(ROOT, MarkovDrafter(pair), ctx, root_dist=SparseDist(order, p[order]))

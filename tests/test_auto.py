@@ -21,7 +21,8 @@ from edgespec.planner.auto import (
     ceiling,
     simulate,
 )
-from edgespec.planner.registry import PARAM_NAMES, make_planner
+from edgespec.planner.strategies import PARAM_NAMES
+from edgespec.planner.strategies import build as make_planner
 from edgespec.planner.tree import ChildRule, DraftTree, PlanContext
 from edgespec.sampling import SamplingParams
 

@@ -20,7 +20,7 @@ from edgespec.errors import EdgespecError
 from edgespec.events import GenerationStats
 from edgespec.planner.auto import AutoPlanner, CostModel
 from edgespec.planner.chain import ChainPlanner
-from edgespec.planner.registry import make_planner
+from edgespec.planner.strategies import build as make_planner
 from edgespec.prompts import (
     PROMPT_SETS,
     QUICK_PROMPTS,

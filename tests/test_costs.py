@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -73,12 +74,13 @@ def test_cache_is_keyed_and_reused(measured, tmp_path, monkeypatch):
     monkeypatch.setattr(costs, "measure", lambda *a, **k: pytest.fail("measured although cached"))
     assert costs.load_or_measure(pair, home=tmp_path) == profile
     # Another thread count is another profile.
-    pair.settings = type("S", (), {"threads": 7, "target_gpu_layers": 0, "draft_gpu_layers": 0})()
+    before = pair.settings
+    pair.settings = dataclasses.replace(before, threads=7)
     try:
         assert costs.profile_key(pair)["threads"] == 7
         assert costs.load_cached(pair, tmp_path) is None
     finally:
-        del pair.settings
+        pair.settings = before
 
 
 def test_attach_gives_auto_its_curves(measured, tmp_path):

@@ -154,7 +154,7 @@ STRATEGIES = ["chain", "tsd", "gsd", "opt-tree", "dyspec", "mcsd", "ngram", "hyb
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_every_strategy_equals_plain_decoding_on_the_engine(strategy):
-    from edgespec.planner.registry import make_planner
+    from edgespec.planner.strategies import build as make_planner
 
     pair = FakePair(n_seq=33)
     echo = _echo_prompt()
@@ -167,7 +167,7 @@ def test_every_strategy_equals_plain_decoding_on_the_engine(strategy):
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_every_strategy_samples_on_the_engine(strategy):
-    from edgespec.planner.registry import make_planner
+    from edgespec.planner.strategies import build as make_planner
 
     pair = FakePair(n_seq=33)
     params = SamplingParams(temperature=0.9, seed=3)
@@ -200,7 +200,7 @@ def test_python_time_excludes_the_models_decodes(monkeypatch):
 
 def test_ngram_copies_without_touching_the_draft():
     from edgespec.events import Provenance
-    from edgespec.planner.registry import make_planner
+    from edgespec.planner.strategies import build as make_planner
 
     pair = FakePair(n_seq=33)
     echo = _echo_prompt()
@@ -214,7 +214,7 @@ def test_ngram_copies_without_touching_the_draft():
 
 
 def test_ngram_runs_on_a_pair_without_a_draft():
-    from edgespec.planner.registry import make_planner
+    from edgespec.planner.strategies import build as make_planner
 
     pair = FakePair(n_seq=33)
     pair.draft = None  # as ModelPair(target, None) leaves it
@@ -225,7 +225,7 @@ def test_ngram_runs_on_a_pair_without_a_draft():
 
 def test_hybrid_skips_the_draft_where_copies_cover_the_next_token():
     from edgespec.events import Provenance
-    from edgespec.planner.registry import make_planner
+    from edgespec.planner.strategies import build as make_planner
 
     pair = FakePair(n_seq=33)
     echo = _echo_prompt()

@@ -11,17 +11,18 @@ import pytest
 from fakes import SyntheticDrafter, sparse
 
 from edgespec.errors import EdgespecError
+from edgespec.options import add_parameter_flags, parameters_from_args
 from edgespec.planner.dyspec import DySpecPlanner, draw_order
 from edgespec.planner.gsd import GSDPlanner, unmerge
 from edgespec.planner.opt_tree import OptTreePlanner, top_nodes
-from edgespec.planner.registry import (
+from edgespec.planner.strategies import (
     PARAM_NAMES,
     STRATEGY_NAMES,
     StrategyError,
-    add_parameter_flags,
-    make_planner,
     parameter_table,
-    parameters_from_args,
+)
+from edgespec.planner.strategies import (
+    build as make_planner,
 )
 from edgespec.planner.tree import ChildRule, DraftTree, PlanContext, TreeBuilder
 from edgespec.planner.tsd import TSDPlanner
@@ -37,7 +38,7 @@ def ctx(sampling: bool = False, seed: int = 0, max_nodes: int = 256) -> PlanCont
 
 
 def run(planner, drafter: SyntheticDrafter, context: PlanContext, root: int = 7) -> DraftTree:
-    if getattr(planner, "needs_target_root", False):
+    if planner.needs_target_root:
         return planner.plan(root, drafter, context, root_dist=drafter.dist_for((root, 999)))
     return planner.plan(root, drafter, context)
 
@@ -446,7 +447,7 @@ def test_make_planner_defaults_and_overrides():
 
 
 def test_only_copying_needs_no_draft():
-    from edgespec.options import needs_draft
+    from edgespec.strategy import needs_draft
 
     assert {name for name in STRATEGY_NAMES if not make_planner(name).needs_draft} == {"ngram"}
     assert not needs_draft("none") and not needs_draft("ngram")

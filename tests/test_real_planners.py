@@ -15,7 +15,7 @@ from realmodels import chat_prompt, first_divergence
 
 from edgespec.decoder import Request, generate
 from edgespec.events import Provenance
-from edgespec.planner.registry import make_planner
+from edgespec.planner.strategies import build as make_planner
 from edgespec.planner.tree import ChildRule
 from edgespec.prompts import PROMPT_SETS
 from edgespec.sampling import SamplingParams, target_probs

@@ -8,40 +8,25 @@ import json
 
 import numpy as np
 import pytest
-from fake_llama import VOCAB, FakePair
+from fake_llama import ChatFakePair, FakePair
 
 from edgespec import options
 from edgespec import tune as tuning
 from edgespec.commands import tune as tune_command
 from edgespec.decoder import Request, generate
+from edgespec.paths import decision_model_path
 from edgespec.planner.earlystop import DecisionModel
 from edgespec.planner.mcsd import MCSDPlanner, MCSDTargetInitPlanner
-from edgespec.planner.registry import StrategyError, make_planner
+from edgespec.planner.strategies import StrategyError
+from edgespec.planner.strategies import build as make_planner
 from edgespec.planner.tree import ChildRule, SparseDist, TreeBuilder
 from edgespec.prompts import PromptCase
 from edgespec.sampling import SamplingParams
+from edgespec.strategy import make_planner as _make
 
 PROMPT = [5, 17, 3, 29, 8, 40, 12]
 GREEDY = SamplingParams()
 SMALL = (2, 2, 1)  # small trees keep the fake fast
-
-
-class ChatFakePair(FakePair):
-    """FakePair with what `stream_reply` needs: a chat template, a tokenizer, and `with`."""
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        model = self.target.model
-        model.apply_chat_template = lambda messages: "|".join(m["content"] for m in messages)
-        model.tokenize = lambda text, add_special=True, parse_special=True: [
-            1 + ord(c) % (VOCAB - 1) for c in text[:12]
-        ]
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def _events(planner, sampling=GREEDY, max_tokens=30, pair=None):
@@ -122,7 +107,7 @@ def test_collect_train_save_load_roundtrip(edgespec_env):
     assert 0.0 < report.base_rate < 1.0 and 0.0 <= report.accuracy <= 1.0
     again, same = tuning.train(examples, held_out=0.2, seed=0, hidden=4, epochs=50)
     assert same == report and np.array_equal(again.w2, model.w2)  # fixed seed: reproducible
-    path = tuning.save(model, report, tuning.decision_model_path("fake/pair+draft"), {"pair": "fake"})
+    path = tuning.save(model, report, decision_model_path("fake/pair+draft"), {"pair": "fake"})
     assert path == edgespec_env.home / "decision-models" / "fake_pair+draft.npz" and path.is_file()
     loaded = DecisionModel.load(path)
     assert np.allclose(loaded.predict_proba(examples.x), model.predict_proba(examples.x))
@@ -152,21 +137,26 @@ def _args(*argv: str) -> argparse.Namespace:
     return parser.parse_args(list(argv))
 
 
+def _planner(args: argparse.Namespace, resolved):
+    """What `generate` builds for these arguments (without loading the pair)."""
+    return _make(options.strategy_choice(args), resolved.defaults)
+
+
 def test_early_stop_model_picks_up_the_pairs_stored_model(edgespec_env):
     resolved = options.ResolvedPair("fake+pair", "t.gguf", "d.gguf", {"strategy": "chain", "budget": 4})
     args = _args("--strategy", "mcsd", "--early-stop", "model", "--budget", "0")
     with pytest.raises(StrategyError, match="edgespec tune"):
-        options.make_planner(args, resolved)
+        _planner(args, resolved)
     examples = _collected(n_prompts=2, max_tokens=16)
     model = DecisionModel.fit(examples.x, examples.y, hidden=0, epochs=30)
     edgespec_env.home.mkdir()
     model.save(edgespec_env.home / "x.npz")  # saving elsewhere does not count
     with pytest.raises(StrategyError):
-        options.make_planner(args, resolved)
-    stored = tuning.decision_model_path("fake+pair")
+        _planner(args, resolved)
+    stored = decision_model_path("fake+pair")
     stored.parent.mkdir(parents=True)
     model.save(stored)
-    planner = options.make_planner(args, resolved)
+    planner = _planner(args, resolved)
     assert planner.early_stop == "model" and planner.k_config == (4, 2, 2, 1)
     assert np.allclose(planner.model.predict_proba(examples.x), model.predict_proba(examples.x))
     # an explicit path still wins
@@ -182,7 +172,7 @@ def test_early_stop_model_picks_up_the_pairs_stored_model(edgespec_env):
             str(edgespec_env.home / "other.npz"),
         )
     )
-    chosen = options.make_planner(explicit, resolved)
+    chosen = _planner(explicit, resolved)
     assert np.allclose(chosen.model.predict_proba(examples.x), other.predict_proba(examples.x))
 
 
@@ -191,7 +181,7 @@ def test_tune_command_trains_stores_and_compares(edgespec_env, monkeypatch, tmp_
     prompts.write_text("".join(f'{{"prompt": "question {i}"}}\n' for i in range(5)))
     monkeypatch.setattr(
         options,
-        "open_pair",
+        "load",
         lambda args, need_draft=True: (
             options.ResolvedPair("fake+pair", "t", "d", {}),
             ChatFakePair(n_seq=33),
@@ -204,7 +194,7 @@ def test_tune_command_trains_stores_and_compares(edgespec_env, monkeypatch, tmp_
     assert args.run(args) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["pair"] == "fake+pair" and 0.0 <= out["held_out"]["auc"] <= 1.0
-    assert tuning.decision_model_path("fake+pair").is_file()
+    assert decision_model_path("fake+pair").is_file()
     rows = {r["variant"].split(" ")[0]: r for r in out["compare"]["rows"]}
     assert [r["variant"].split(" ")[0] for r in out["compare"]["rows"]] == [
         "plain",

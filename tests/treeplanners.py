@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgespec.planner.tree import ChildRule, PlanContext, PlanStats, TreeBuilder
+from edgespec.planner.tree import ChildRule, PlanContext, Planner, PlanStats, TreeBuilder
 
 
-class RandomTreePlanner:
+class RandomTreePlanner(Planner):
     """Bushy random trees: 1–3 children per node from the draft's top candidates, level by level."""
 
     name = "random-tree"
-    lossy = False
-    needs_draft = True
 
     def __init__(self, budget: int, seed: int = 0):
         self.budget = budget
@@ -41,13 +39,11 @@ class RandomTreePlanner:
         return tree.freeze(PlanStats(draft_decodes=decodes))
 
 
-class SometimesSilentPlanner:
+class SometimesSilentPlanner(Planner):
     """Drafts a chain on some steps and nothing at all on others (as `auto` does when plain decoding
     wins), so the draft must catch up on several pending tokens."""
 
     name = "sometimes-silent"
-    lossy = False
-    needs_draft = True
 
     def __init__(self, gamma: int = 3, period: int = 3):
         self.gamma, self.period, self.calls = gamma, period, 0

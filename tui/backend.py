@@ -13,38 +13,19 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from time import monotonic
-from typing import Any, Protocol
+from typing import Protocol
 
 from edgespec.chat import ChatSettings, Message
 from edgespec.events import GenerationStats, Provenance, StepEvent
 from edgespec.planner.tree import Planner
+from edgespec.strategy import CHOICES, PairDefaults, StrategyChoice, make_planner, needs_draft
 
 from .messages import Span, StatsSnapshot, TreeSnapshot
 
 LoadCallback = Callable[[str, int, int], None]  # (stage, done bytes, total bytes; 0 = unknown)
-
-
-@dataclass(frozen=True)
-class StrategyChoice:
-    """A drafting strategy and its parameters (``budget``: draft tokens per step, where it applies)."""
-
-    name: str  # a planner registry name, or "none" for plain decoding
-    params: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def budget(self) -> int | None:
-        budget = self.params.get("budget")
-        return int(budget) if budget is not None else None
-
-    def with_budget(self, budget: int | None) -> StrategyChoice:
-        params = {k: v for k, v in self.params.items() if k != "budget"}
-        if budget is not None:
-            params["budget"] = budget
-        return StrategyChoice(self.name, params)
 
 
 class ChatEngine(Protocol):
@@ -117,7 +98,7 @@ class PairEngine:
         return self.pair.target.model.piece(token).decode("utf-8", errors="replace")
 
     def context_used(self) -> int:
-        return len(self.pair.target.committed)
+        return self.pair.context_used()
 
     def prepare(self, planner, on_progress: LoadCallback) -> None:
         from edgespec.costs import attach
@@ -141,91 +122,49 @@ class PairEngine:
 
 
 class LlamaBackend:
-    """Pairs from the registry and the model store, loaded with the command line's engine settings."""
+    """Pairs from the registry and the model store, loaded with the command line's engine settings,
+    through the same facade as the CLI (``edgespec.pairs``, ``edgespec.strategy``)."""
+
+    strategies = CHOICES
 
     def __init__(self, args):
-        from edgespec.planner import registry as planner_registry
-
         self.args = args  # the parsed `edgespec chat` arguments (see edgespec.options)
-        self.strategies = ("none", *planner_registry.STRATEGY_NAMES, "auto")
+        self.pair: PairDefaults | None = None  # the loaded pair's defaults (models.toml)
 
     def pairs(self) -> list[str]:
-        from edgespec.store import ModelStore
+        from edgespec.pairs import available_pairs
 
-        store = ModelStore()
-        return [
-            name
-            for name, spec in store.registry.pairs.items()
-            if _available(store, spec.target) and _available(store, spec.draft)
-        ]
+        return available_pairs()
 
-    def load(self, pair: str | None, on_progress: LoadCallback) -> LoadedPair:
+    def resolve(self, pair: str | None, on_progress: LoadCallback):
+        """The files and the first strategy choice for ``pair`` (None: what the command line asked for)."""
         from edgespec import options
-        from edgespec.engine.pair import ModelPair
-        from edgespec.planner import registry as planner_registry
-        from edgespec.store import ModelStore
-
-        store = ModelStore()
-
-        def ensure(name: str) -> Path:
-            label = Path(name).name
-            return store.ensure(
-                name, progress=False, on_progress=lambda d, t: on_progress(f"assembling {label}", d, t)
-            )
+        from edgespec.pairs import resolve_pair
 
         args = self.args
-        if pair is None and args.target:
-            target = ensure(args.target)
-            draft = ensure(args.draft) if args.draft else None
-            name = (
-                f"{Path(args.target).stem}+{Path(args.draft).stem}" if args.draft else Path(args.target).stem
-            )
-            defaults = StrategyChoice("chain" if draft else "none", {})
+        if pair is None and args.target:  # local files; without --draft: plain decoding only
+            resolved = resolve_pair(None, args.target, args.draft, bool(args.draft), on_progress)
         else:
-            spec = (
-                store.registry.pair(pair or args.pair) if (pair or args.pair) else store.registry.default_pair
-            )
-            target, draft = ensure(spec.target.name), ensure(spec.draft.name)
-            name = spec.name
-            defaults = StrategyChoice(spec.strategy, {"budget": spec.budget, **dict(spec.params)})
-        usable = args.strategy is not None and (draft or not options.needs_draft(args.strategy))
-        if usable:  # the command line (default: auto) overrides the pair's pick
-            if args.strategy == defaults.name:
-                params = dict(defaults.params)
-            else:  # the pair's budget starts the budget knob (settings dialog); auto sizes its own trees
-                params = {} if args.strategy == "auto" else {"budget": defaults.budget}
-            params.update(planner_registry.parameters_from_args(args))
-            defaults = StrategyChoice(args.strategy, params)
-        if defaults.name == "chain" and "gamma" in defaults.params:  # the chain's budget is its γ
-            params = dict(defaults.params)
-            params["budget"] = params.pop("gamma")
-            defaults = StrategyChoice("chain", params)
-        on_progress(f"loading {name} into memory", 0, 0)
-        model_pair = ModelPair(str(target), str(draft) if draft else None, options.engine_settings(args))
-        return LoadedPair(PairEngine(model_pair), name, defaults)
+            resolved = resolve_pair(pair or args.pair, on_progress=on_progress)
+        choice = options.strategy_choice(args)
+        if resolved.draft_path is None and needs_draft(choice.name):
+            choice = StrategyChoice("none")
+        return resolved, choice
+
+    def load(self, pair: str | None, on_progress: LoadCallback) -> LoadedPair:
+        """Load ``pair`` (None: what the command line asked for, else the default pair). Runs in a thread."""
+        from edgespec import options
+        from edgespec.pairs import open_pair
+
+        resolved, choice = self.resolve(pair, on_progress)
+        on_progress(f"loading {resolved.name} into memory", 0, 0)
+        engine = PairEngine(open_pair(resolved, options.engine_settings(self.args)))
+        self.pair = resolved.defaults
+        return LoadedPair(engine, resolved.name, choice)
 
     def make_planner(self, choice: StrategyChoice) -> Planner | None:
-        from edgespec.planner import registry as planner_registry
-
-        if choice.name == "none":
-            return None
-        return planner_registry.make_planner(choice.name, choice.params)  # chain: budget is γ
-
-
-def _available(store, spec) -> bool:
-    """Installed, or a bundled model whose part packages are present (assembles offline)."""
-    if store.is_installed(spec.name):
-        return True
-    if not spec.bundled:
-        return False
-    from edgespec import bundled
-    from edgespec.errors import EdgespecError
-
-    try:
-        bundled.part_files(spec.name, spec.source)
-    except EdgespecError:
-        return False
-    return True
+        """The planner for ``choice`` on the loaded pair (cost profiles come in ``prepare``)."""
+        return make_planner(choice, self.pair or PairDefaults(""))
 
 
 # -- worker-side helpers ----------------------------------------------------------------------------

@@ -338,12 +338,11 @@ def _entry(result: BenchResult, variant: Variant) -> dict:
     plain_tps = _totals(adjacent)["tokens_per_second"] if adjacent else 0.0
     spread = _spread(ratios)
     speedup = spread["median"]
-    describe = getattr(variant.planner, "describe", None)
     return {
         "key": variant.key,
         "strategy": variant.strategy,
         "budget": variant.budget,
-        "params": describe() if describe else "",
+        "params": variant.planner.describe(),
         **totals,
         "repeats": variant.repeats,
         "speedup": speedup,  # median paired ratio over every run of the strategy

@@ -9,8 +9,9 @@ from rich.console import Console
 
 from .. import options
 from ..errors import EdgespecError
-from ..planner import registry as strategies
+from ..planner import strategies
 from ..prompts import set_names
+from ..strategy import StrategyChoice, make_planner
 
 DEFAULT_STRATEGIES = "chain,tsd,gsd,opt-tree,dyspec,mcsd,ngram,hybrid,auto"
 # auto runs three times per prompt: its claim (never slower than plain decoding) is a ±2 % one, and
@@ -65,7 +66,7 @@ def register(sub) -> None:
     )
     options.add_model_args(p)
     options.add_sampling_args(p)
-    strategies.add_parameter_flags(p.add_argument_group("strategy parameters"))
+    options.add_parameter_flags(p.add_argument_group("strategy parameters"))
     p.set_defaults(run=run)
 
 
@@ -80,10 +81,8 @@ def parse_variants(text: str, budgets: str | None, repeats: int = 1) -> list[tup
         name, _, budget = spec.partition(":")
         if name == "none" or name == "plain":
             continue  # plain decoding always runs: it is the baseline
-        if name not in strategies.STRATEGIES and name != "auto":
-            raise EdgespecError(
-                f"unknown strategy {name!r}; choose from {', '.join(strategies.STRATEGY_NAMES)}, auto"
-            )
+        if name not in strategies.STRATEGIES:
+            raise EdgespecError(f"unknown strategy {name!r}; choose from {', '.join(strategies.STRATEGIES)}")
         try:
             count = int(runs) if runs else repeats
             budget_list = [int(budget)] if budget else extra or [None]
@@ -99,22 +98,22 @@ def parse_variants(text: str, budgets: str | None, repeats: int = 1) -> list[tup
 
 
 def build_variants(args, resolved) -> list:
-    """One variant per strategy and budget; cost-aware planners get the profile afterwards."""
+    """One variant per strategy and budget (the command line's parameters for all, ``:BUDGET`` for
+    one); cost-aware planners get the profile afterwards."""
     from ..bench import Variant
 
-    base = {k: v for k, v in resolved.strategy_defaults.items() if k not in ("strategy", "budget")}
-    base.update(strategies.parameters_from_args(args))
+    given = options.parameters_from_args(args)
     variants = []
     for name, budget, runs in parse_variants(args.strategies, args.budgets, args.repeats):
-        params = dict(base)
+        choice = StrategyChoice(name, given)
         if budget is not None:
-            params["gamma" if name == "chain" else "budget"] = budget
-        planner = strategies.make_planner(name, params)
+            choice = choice.with_budget(budget)
+        planner = make_planner(choice, resolved.defaults)
         if planner.lossy:
             raise EdgespecError(f"{name} changes the output distribution; bench compares lossless strategies")
-        actual = getattr(planner, "gamma", None) if name == "chain" else getattr(planner, "budget", None)
+        size = getattr(planner, strategies.strategy(name).budget_param)  # the declared sizing field
         key = name if budget is None else f"{name}:{budget}"
-        variants.append(Variant(key, name, actual, planner, runs))
+        variants.append(Variant(key, name, size, planner, runs))
     return variants
 
 
@@ -147,10 +146,10 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
 
     cases = load_prompts(args.prompts)
     parse_variants(args.strategies, args.budgets, args.repeats)  # fail on typos before loading the models
-    resolved, pair = options.open_pair(args, need_draft=True)
+    resolved, pair = options.load(args, need_draft=True)
     with pair:
         variants = [] if args.profile else build_variants(args, resolved)  # --profile: print it, nothing else
-        cost_aware = [v.planner for v in variants if hasattr(v.planner, "use_costs")]  # auto, OPT-Tree's μ
+        cost_aware = [v.planner for v in variants if v.planner.wants_costs]  # auto, OPT-Tree's μ, n-gram
         profile = None
         if args.profile or args.reprofile or cost_aware:
             quick = not (args.profile or args.reprofile)
@@ -162,7 +161,7 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
             if args.profile:
                 return 0
             for planner in cost_aware:
-                planner.use_costs(profile.model(pair.max_nodes - 1))
+                costs.attach(planner, pair)  # the profile just measured (cached)
         config = BenchConfig(
             max_tokens=args.max_tokens,
             sampling=options.sampling_params(args),

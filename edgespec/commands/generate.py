@@ -9,6 +9,7 @@ from time import perf_counter
 from .. import options
 from ..chat import ChatSettings, Message, stream_reply
 from ..events import GenerationStats
+from ..strategy import make_planner, needs_draft
 
 
 def register(sub) -> None:
@@ -32,9 +33,10 @@ def register(sub) -> None:
 
 def run(args) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    resolved, pair = options.open_pair(args, need_draft=options.needs_draft(args.strategy))
+    resolved, pair = options.load(args, need_draft=needs_draft(args.strategy))
     with pair:
-        planner = options.make_planner(args, resolved, pair=pair)  # auto gets this pair's cost profile
+        choice = options.strategy_choice(args)
+        planner = make_planner(choice, resolved.defaults, pair, show_progress=True)  # costs: auto, OPT-Tree
         settings = ChatSettings(
             sampling=options.sampling_params(args),
             max_tokens=args.max_tokens,

@@ -12,8 +12,9 @@ from rich.console import Console
 from .. import costs, options
 from .. import tune as tuning
 from ..errors import EdgespecError
-from ..planner import registry as strategies
+from ..paths import decision_model_path
 from ..planner.earlystop import DecisionModel
+from ..strategy import StrategyChoice, make_planner
 
 VARIANTS = ("off", "threshold", "model", "target-init")  # plain decoding always runs too
 
@@ -36,12 +37,6 @@ def register(sub) -> None:
     )
     p.add_argument("--max-tokens", type=int, default=64, help="answer length per prompt (default 64)")
     p.add_argument("--strategy", choices=("mcsd", "mcsd-target-init"), default="mcsd", help="default: mcsd")
-    p.add_argument(
-        "--k-config", help="children per node at each depth, e.g. 4,2,2,1 (the strategy's default)"
-    )
-    p.add_argument("--w", type=int, help="mcsd-target-init: the target's candidates at the root")
-    p.add_argument("--budget", type=int, default=0, help="cap on draft tokens per step (0: none)")
-    p.add_argument("--beta", type=float, default=0.4, help="β for the compared early-stop variants")
     p.add_argument("--held-out", type=float, default=0.2, help="share held out for evaluation (default 0.2)")
     p.add_argument("--hidden", type=int, default=16, help="hidden units (0: logistic regression)")
     p.add_argument("--epochs", type=int, default=400, help="full-batch Adam steps (default 400)")
@@ -59,16 +54,21 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object with the report")
     options.add_model_args(p)
     options.add_sampling_args(p)
+    group = p.add_argument_group(
+        "strategy parameters", "early stop is off while collecting; --compare sets it"
+    )
+    options.add_parameter_flags(group, among=("mcsd", "mcsd-target-init"))
     p.set_defaults(run=run)
 
 
-def _planner(args, early_stop: str = "off", model_path: Path | None = None, strategy: str | None = None):
-    params = {"k_config": args.k_config, "budget": args.budget, "early_stop": early_stop, "beta": args.beta}
-    if (strategy or args.strategy) == "mcsd-target-init":
-        params["w"] = args.w
+def _planner(
+    args, pair, early_stop: str = "off", model_path: Path | None = None, strategy: str | None = None
+):
+    """The command line's strategy choice with the early stop of a compared variant (off to collect)."""
+    params = {**options.parameters_from_args(args), "early_stop": early_stop}
     if model_path is not None:
         params["early_stop_model"] = str(model_path)
-    return strategies.make_planner(strategy or args.strategy, params)
+    return make_planner(StrategyChoice(strategy or args.strategy, params), pair.defaults)
 
 
 def run(args) -> int:
@@ -80,13 +80,13 @@ def run(args) -> int:
     sampling = options.sampling_params(args)
     console = Console(stderr=True, quiet=args.json)
     out: dict = {}
-    resolved, pair = options.open_pair(args)
-    path = Path(args.output) if args.output else tuning.decision_model_path(resolved.name)
+    resolved, pair = options.load(args)
+    path = Path(args.output) if args.output else decision_model_path(resolved.name)
     with pair:
         out["pair"] = resolved.name
         compare_cases = cases
         if not args.no_train:
-            planner = _planner(args)
+            planner = _planner(args, resolved)
             with costs.progress_bar(f"{planner.name} {planner.describe()}", console) as bar:
                 examples = tuning.collect(
                     pair,
@@ -123,10 +123,10 @@ def run(args) -> int:
             if args.compare_prompts:
                 compare_cases = tuning.load_cases(args.compare_prompts)
             planners = {
-                "off": lambda: _planner(args, strategy="mcsd"),
-                "threshold": lambda: _planner(args, "threshold", strategy="mcsd"),
-                "model": lambda: _planner(args, "model", path, strategy="mcsd"),
-                "target-init": lambda: _planner(args, strategy="mcsd-target-init"),
+                "off": lambda: _planner(args, resolved, strategy="mcsd"),
+                "threshold": lambda: _planner(args, resolved, "threshold", strategy="mcsd"),
+                "model": lambda: _planner(args, resolved, "model", path, strategy="mcsd"),
+                "target-init": lambda: _planner(args, resolved, strategy="mcsd-target-init"),
             }
             chosen = {v: planners[v]() for v in variants}
             tokens = args.compare_tokens or args.max_tokens
@@ -162,7 +162,7 @@ def _print_training(console: Console, examples, report, path: Path, pair_name: s
         highlight=False,
     )
     console.print(f"saved the decision model to {path}", highlight=False, markup=False)
-    default = path == tuning.decision_model_path(pair_name)
+    default = path == decision_model_path(pair_name)
     flag = "" if default else f" --early-stop-model {path}"
     console.print(f"use it: edgespec generate --strategy mcsd --early-stop model{flag} …", markup=False)
     if math.isnan(report.auc):

@@ -67,6 +67,10 @@ class ModelPair:
         """Largest tree (root included) the contexts accept."""
         return self.target.n_seq
 
+    def context_used(self) -> int:
+        """Tokens in the target's cache (prompt + answer so far)."""
+        return len(self.target.committed)
+
     def forget(self) -> None:
         """Empty both KV caches: the next prompt is decoded from scratch, so what the caches held before
         (an earlier or cancelled answer) cannot change the next answer's tokens."""

@@ -44,8 +44,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import params
 from .ngram import Copier, CopyTrie
-from .tree import ChildRule, Drafter, DraftTree, PlanContext, PlanStats, TreeBuilder
+from .params import param
+from .tree import ChildRule, Drafter, DraftTree, PlanContext, Planner, PlanStats, TreeBuilder
 
 WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # level widths considered when deepening
 CHILDREN_KEPT = 8  # candidates per expanded node that may enter the tree
@@ -272,14 +274,21 @@ def ceiling(costs: CostModel, cap: int) -> float:
 
 
 @dataclass
-class AutoPlanner:
-    budget: int = 48  # most draft tokens per step (root excluded); the cost curves pick fewer
-    max_depth: int = 10  # most tree levels (draft decodes per step)
-    probe_budget: float = 0.01  # most of the time spent on probes that may not pay (fraction)
-    costs: CostModel | None = None  # the pair's measured curves (``use_costs``); None → plain decoding
-    name: str = "auto"
-    lossy: bool = False
-    needs_draft: bool = True
+class AutoPlanner(Planner):
+    budget: int = param(
+        48, "most draft tokens per step, root excluded (the cost curves usually pick fewer)", minimum=1
+    )
+    max_depth: int = param(10, params.MAX_DEPTH + " (draft decodes per step)", minimum=1)
+    probe_budget: float = param(
+        0.01,
+        "most of the time auto may lose to probes that re-check the acceptance rate (fraction)",
+        minimum=0,
+        maximum=0.5,
+    )
+    # the pair's measured curves (``use_costs``); None → plain decoding
+    costs: CostModel | None = field(default=None, compare=False, repr=False)
+    name = "auto"
+    wants_costs = True
     # -- learned online (observe) -----------------------------------------------------------------
     accepted: float = field(default=PRIOR_WEIGHT, repr=False)  # decayed Σ accepted draft tokens
     predicted: float = field(default=PRIOR_WEIGHT, repr=False)  # decayed Σ p̂ of the verified trees
@@ -381,7 +390,7 @@ class AutoPlanner:
     # -- planning ---------------------------------------------------------------------------------
     def plan(self, root_token: int, drafter: Drafter, ctx: PlanContext) -> DraftTree:
         cap = min(self.budget, ctx.max_nodes - 1)
-        pending = len(getattr(drafter, "pending", ())) or 1  # tokens the draft has yet to decode
+        pending = len(drafter.pending) or 1  # tokens the draft has yet to decode
         trie = self.copier.propose(root_token, ctx)  # free candidates, whatever is decided
         self._mode = self.decide(pending, cap)
         copies = self._copies_alone(trie, cap)

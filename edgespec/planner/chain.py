@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .params import param
 from .tree import (
     ChildRule,
     Drafter,
     DraftTree,
     PlanContext,
+    Planner,
     PlanStats,
     TreeBuilder,
     sample_without_replacement,
@@ -21,12 +23,15 @@ from .tree import (
 
 
 @dataclass
-class ChainPlanner:
-    gamma: int = 4  # γ: draft tokens per step
-    p_min: float = 0.0  # early exit when q(chosen) < p_min (0 disables)
-    name: str = "chain"
-    lossy: bool = False
-    needs_draft: bool = True
+class ChainPlanner(Planner):
+    gamma: int = param(4, "γ: draft tokens per step", minimum=1)
+    p_min: float = param(
+        0.0,
+        "stop drafting when the draft's probability of its token is below it (0: off)",
+        minimum=0,
+        maximum=1,
+    )
+    name = "chain"
 
     def describe(self) -> str:
         return f"γ={self.gamma}" + (f" p_min={self.p_min:g}" if self.p_min > 0 else "")

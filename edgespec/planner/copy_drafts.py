@@ -29,10 +29,21 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import params
 from .auto import CostModel, best_size
 from .ngram import Copier, CopyTrie
 from .opt_tree import top_nodes
-from .tree import ChildRule, Drafter, DraftTree, PlanContext, PlanStats, SparseDist, TreeBuilder
+from .params import param
+from .tree import (
+    ChildRule,
+    Drafter,
+    DraftTree,
+    PlanContext,
+    Planner,
+    PlanStats,
+    SparseDist,
+    TreeBuilder,
+)
 
 PRIOR_TOP_MASS = 0.7  # A before the draft has been seen: Σ of its top-k probabilities, typically
 TOP_MASS_MEMORY = 0.9  # A: exponential average over expanded nodes, this much weight on the past
@@ -40,15 +51,21 @@ DEFAULT_MU = 0.15  # μ without a cost profile (OPT-Tree's default: a small draf
 
 
 @dataclass
-class NGramPlanner:
-    budget: int = 16  # most copied tokens verified per step, root excluded
-    ngram_max: int = 8  # longest suffix matched against the conversation
-    matches: int = 8  # continuations looked up per step (branches of the copy tree)
-    min_accept: float = 0.1  # without a cost profile: copies with p̂ below it are left out
-    costs: CostModel | None = None  # the pair's cost curves (``use_costs``): size by expected rate
-    name: str = "ngram"
-    lossy: bool = False
-    needs_draft: bool = False  # no draft model at all: the pair may have none
+class NGramPlanner(Planner):
+    budget: int = param(16, "most copied tokens verified per step, root excluded", minimum=1)
+    ngram_max: int = param(8, params.NGRAM_MAX, minimum=1)
+    matches: int = param(8, params.MATCHES, minimum=1)  # branches of the copy tree
+    min_accept: float = param(
+        0.1,
+        "copies with estimated acceptance p̂ below it are left out (without a cost profile)",
+        minimum=0,
+        maximum=1,
+    )
+    # the pair's cost curves (``use_costs``): size by expected rate
+    costs: CostModel | None = field(default=None, compare=False, repr=False)
+    name = "ngram"
+    needs_draft = False  # no draft model at all: the pair may have none
+    wants_costs = True
     copier: Copier = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -123,17 +140,17 @@ class _Graph:
 
 
 @dataclass
-class HybridPlanner:
-    budget: int = 24  # most draft + copied tokens verified per step, root excluded
-    k: int = 4  # draft candidates per expanded node
-    max_depth: int = 10  # most draft decodes (levels) per step
-    ngram_max: int = 8  # longest suffix matched against the conversation
-    matches: int = 8  # continuations looked up per step
-    mu: float | None = None  # δ: gain a draft level must reach; None → c_d(1)/c_t(1) from the costs
-    costs: CostModel | None = None
-    name: str = "hybrid"
-    lossy: bool = False
-    needs_draft: bool = True
+class HybridPlanner(Planner):
+    budget: int = param(24, "most draft + copied tokens verified per step, root excluded", minimum=1)
+    k: int = param(4, params.K, minimum=1)
+    max_depth: int = param(10, params.MAX_DEPTH, minimum=1)
+    ngram_max: int = param(8, params.NGRAM_MAX, minimum=1)
+    matches: int = param(8, params.MATCHES, minimum=1)
+    # δ: the gain a draft level must reach; None → c_d(1)/c_t(1) from the costs
+    mu: float | None = param(None, params.MU, kind="float", minimum=0)
+    costs: CostModel | None = field(default=None, compare=False, repr=False)
+    name = "hybrid"
+    wants_costs = True
     top_mass: float = field(default=PRIOR_TOP_MASS, repr=False)  # A, learned from the draft's dists
     copier: Copier = field(init=False, repr=False)
 

@@ -42,11 +42,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import params
+from .params import param
 from .tree import (
     ChildRule,
     Drafter,
     DraftTree,
     PlanContext,
+    Planner,
     PlanStats,
     SparseDist,
     TreeBuilder,
@@ -93,12 +96,15 @@ class Residual:
 
 
 @dataclass
-class DySpecPlanner:
-    budget: int = 32  # m: draft tokens in the tree, root excluded
-    threshold: float = 0.0  # t: 0 → Algorithm 1 (fixed budget); > 0 → Algorithm 2, layer by layer
-    name: str = "dyspec"
-    lossy: bool = False
-    needs_draft: bool = True
+class DySpecPlanner(Planner):
+    budget: int = param(32, "m: " + params.BUDGET, minimum=1)
+    threshold: float = param(
+        0.0,
+        "t: 0 → fixed budget (Alg. 1); > 0 → draw every slot of value ≥ t, layer by layer (Alg. 2)",
+        minimum=0,
+        maximum=1,
+    )
+    name = "dyspec"
 
     def describe(self) -> str:
         return f"budget={self.budget}" + (f" t={self.threshold:g}" if self.threshold > 0 else "")

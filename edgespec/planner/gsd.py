@@ -27,7 +27,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from .tree import ChildRule, Drafter, DraftTree, PlanContext, PlanStats, TreeBuilder
+from . import params
+from .params import param
+from .tree import ChildRule, Drafter, DraftTree, PlanContext, Planner, PlanStats, TreeBuilder
 from .tsd import best_by_path_prob, ranked_children
 
 
@@ -141,16 +143,16 @@ def unmerge(graph: TokenGraph) -> TreeBuilder:
 
 
 @dataclass
-class GSDPlanner:
-    k: int = 4  # maximum out-degree: children per expanded node (the draft's top-k)
-    tau: int = 2  # τ: a node whose last τ path tokens already end at an earlier node is merged into it
-    theta_prob: float = 0.2  # θ_prob: a child with q < θ_prob becomes a leaf
-    theta_sib: float = 0.3  # θ_sib: a child with q < θ_sib · (best sibling's q) becomes a leaf
-    max_depth: int = 10  # maximum drafting steps (levels)
-    budget: int = 32  # verified (unmerged) draft tokens per step, root excluded
-    name: str = "gsd"
-    lossy: bool = False
-    needs_draft: bool = True
+class GSDPlanner(Planner):
+    k: int = param(4, params.K, minimum=1)
+    tau: int = param(
+        2, "τ: a node whose last τ path tokens already end at an earlier node is merged into it", minimum=1
+    )
+    theta_prob: float = param(0.2, params.THETA_PROB, minimum=0, maximum=1)
+    theta_sib: float = param(0.3, params.THETA_SIB, minimum=0, maximum=1)
+    max_depth: int = param(10, params.MAX_DEPTH, minimum=1)
+    budget: int = param(32, "most verified (unmerged) draft tokens per step, root excluded", minimum=1)
+    name = "gsd"
 
     def describe(self) -> str:
         return (

@@ -30,18 +30,21 @@ the distribution the node was drawn from (its top-k probabilities, entropy, the 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
 
 from ..errors import EdgespecError
+from . import params
 from .earlystop import DecisionModel, feature_matrix
+from .params import param
 from .tree import (
     ChildRule,
     Drafter,
     DraftTree,
     PlanContext,
+    Planner,
     PlanStats,
     SparseDist,
     TreeBuilder,
@@ -151,17 +154,31 @@ def layout_for(tree: DraftTree, layout: ForkLayout) -> ForkLayout | None:
     return slice_layout(layout, int(hits[0]))
 
 
+def _load_decision_model(path: str) -> DecisionModel:
+    if not path:
+        raise ValueError(
+            "--early-stop model needs a decision model: train one for the pair with `edgespec tune`, "
+            "or pass --early-stop-model PATH (an .npz)"
+        )
+    try:
+        return DecisionModel.load(path)
+    except (OSError, KeyError, ValueError) as exc:
+        raise ValueError(f"cannot load the early-stop model {path}: {exc}") from exc
+
+
 # -- planners ---------------------------------------------------------------------------------------
 @dataclass
-class MCSDPlanner:
-    k_config: tuple[int, ...] = (4, 2, 2, 1)  # (k1, k2, …): children per node at each depth
-    early_stop: str = "off"  # off | threshold | model
-    beta: float = 0.4  # β: stop when every branch's predicted acceptance is below it
-    budget: int = 0  # cap on draft tokens, root excluded; 0: the k-configuration's own size
-    model: DecisionModel | None = None  # the decision model for early_stop="model"
-    name: str = "mcsd"
-    lossy: bool = False
-    needs_draft: bool = True
+class MCSDPlanner(Planner):
+    k_config: tuple[int, ...] = param((4, 2, 2, 1), "children per node at each depth", minimum=1)
+    early_stop: str = param("off", params.EARLY_STOP, choices=EARLY_STOP_MODES)
+    beta: float = param(0.4, params.BETA, minimum=0, maximum=1)
+    early_stop_model: str = param("", params.EARLY_STOP_MODEL)
+    budget: int = param(
+        0, "cap on draft tokens per step, root excluded (0: the k-configuration's size)", minimum=0
+    )
+    # the decision model for early_stop="model" (loaded from early_stop_model unless given)
+    model: DecisionModel | None = field(default=None, compare=False, repr=False)
+    name = "mcsd"
 
     def __post_init__(self) -> None:
         self.k_config = tuple(int(k) for k in self.k_config)
@@ -172,7 +189,7 @@ class MCSDPlanner:
                 f"early_stop must be one of {', '.join(EARLY_STOP_MODES)}, got {self.early_stop!r}"
             )
         if self.early_stop == "model" and self.model is None:
-            raise ValueError("early_stop='model' needs a decision model (early_stop_model=PATH to an .npz)")
+            self.model = _load_decision_model(self.early_stop_model)
 
     @property
     def full_config(self) -> tuple[int, ...]:
@@ -269,13 +286,15 @@ class MCSDPlanner:
 
 @dataclass
 class MCSDTargetInitPlanner(MCSDPlanner):
-    k_config: tuple[int, ...] = (4, 3, 1, 1)  # draft levels below the target's tokens: (2, 4, 3, 1, 1) in all
-    w: int = 2  # tokens the target's own distribution supplies at the root
+    # draft levels below the target's tokens: (2, 4, 3, 1, 1) in all
+    k_config: tuple[int, ...] = param(
+        (4, 3, 1, 1), "draft children per node at each depth below the target's own", minimum=1
+    )
+    w: int = param(2, "w: candidates the target's own distribution supplies at the root", minimum=1)
     target_root: Callable[[int], SparseDist] | None = None  # root token → the target's distribution after it
-    name: str = "mcsd-target-init"
-    lossy: bool = True
-
-    needs_target_root = True  # tells the decoder to supply root_dist / target_root
+    name = "mcsd-target-init"
+    lossy = True
+    needs_target_root = True  # the decoder supplies root_dist
 
     def __post_init__(self) -> None:
         super().__post_init__()

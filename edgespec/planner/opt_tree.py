@@ -32,12 +32,14 @@ Match accepted nodes to decoded ones by token path, not by index.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import params
 from .auto import CostModel
-from .tree import ChildRule, Drafter, DraftTree, PlanContext, PlanStats, TreeBuilder
+from .params import param
+from .tree import ChildRule, Drafter, DraftTree, PlanContext, Planner, PlanStats, TreeBuilder
 from .tsd import best_by_path_prob
 
 
@@ -64,15 +66,17 @@ def subtree(tree: TreeBuilder, keep: np.ndarray) -> TreeBuilder:
 
 
 @dataclass
-class OptTreePlanner:
-    budget: int = 24  # n: draft tokens in the tree, root excluded (the paper uses 25–60 nodes in all)
-    mu: float | None = None  # μ = draft level time / target step time; None → measured (use_costs)
-    delta: float | None = None  # δ: stop deepening when E(A) grows by less; None → μ (break-even)
-    max_depth: int = 10  # hard cap on drafting steps
-    name: str = "opt-tree"
-    lossy: bool = False
-    needs_draft: bool = True
-    costs: CostModel | None = None  # the pair's cost profile, when one is attached
+class OptTreePlanner(Planner):
+    # n: the paper uses 25–60 nodes in all
+    budget: int = param(24, "n: draft tokens in the tree, root excluded", minimum=1)
+    mu: float | None = param(None, params.MU, kind="float", minimum=0)  # None → measured (use_costs)
+    delta: float | None = param(
+        None, "δ: stop deepening when E(A) grows by less (default: μ, break-even)", kind="float"
+    )
+    max_depth: int = param(10, params.MAX_DEPTH, minimum=1)
+    costs: CostModel | None = field(default=None, compare=False, repr=False)  # the pair's cost profile
+    name = "opt-tree"
+    wants_costs = True
 
     DEFAULT_MU = 0.15  # without a profile: a 0.5B draft against a ~7B target on a GPU
 

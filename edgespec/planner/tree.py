@@ -13,9 +13,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from ..events import StepEvent
+    from .auto import CostModel
 
 
 class ChildRule(IntEnum):
@@ -174,6 +178,8 @@ class Drafter(Protocol):
     distributions are also stored in ``tree.dists``.
     """
 
+    pending: Sequence[int]  # committed tokens the draft has yet to decode (cost of its next first level)
+
     def expand(self, tree: TreeBuilder, nodes: Sequence[int]) -> list[SparseDist]: ...
 
 
@@ -192,18 +198,39 @@ class PlanContext:
     fresh: bool = True
 
 
-class Planner(Protocol):
-    """A drafting strategy: grows a tree from the pending root token."""
+class Planner:
+    """A drafting strategy: grows a tree from the pending root token. Planners are dataclasses that
+    derive from this class; their user-settable fields are ``params.param`` fields.
 
-    name: str
-    lossy: bool  # True only for variants that change the output distribution (mcsd-target-init)
-    needs_draft: bool  # False: never calls the drafter (copies from the context); the pair may have none
+    Capabilities are declared here, with the defaults most planners have, so the decoder, the cost
+    profile and the CLI read them instead of guessing:
 
-    def plan(self, root_token: int, drafter: Drafter | None, ctx: PlanContext) -> DraftTree: ...
+    - ``needs_draft``: False → never calls the drafter (copies from the context); the pair may have none.
+    - ``needs_target_root``: the target decodes the root alone first and ``plan`` gets its candidates as
+      ``root_dist`` (mcsd-target-init).
+    - ``wants_costs``: ``use_costs`` takes the pair's measured cost curves (auto, OPT-Tree's μ, n-gram).
+    - ``observe``: sees every finished step (planners that learn from outcomes); by default ignores it.
+    """
+
+    name: ClassVar[str]
+    lossy: ClassVar[bool] = False  # True only for variants that change the output distribution
+    needs_draft: ClassVar[bool] = True
+    needs_target_root: ClassVar[bool] = False
+    wants_costs: ClassVar[bool] = False
+
+    def plan(self, root_token: int, drafter: Drafter | None, ctx: PlanContext) -> DraftTree:
+        raise NotImplementedError
 
     def describe(self) -> str:
         """Short parameter summary for status bars and bench tables, e.g. 'k=4 τ=2 budget=16'."""
-        ...
+        raise NotImplementedError
+
+    def use_costs(self, costs: CostModel) -> None:
+        """Take the pair's cost curves (called only when ``wants_costs``)."""
+        raise TypeError(f"{self.name} does not use cost curves")
+
+    def observe(self, event: StepEvent) -> None:
+        """Learn from a finished step (its tree, accepted path and timings). Most planners do not."""
 
 
 def node_rng(step_seed: int, path: Sequence[int]) -> np.random.Generator:

@@ -22,7 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .tree import ChildRule, Drafter, DraftTree, PlanContext, PlanStats, SparseDist, TreeBuilder
+from . import params
+from .params import param
+from .tree import ChildRule, Drafter, DraftTree, PlanContext, Planner, PlanStats, SparseDist, TreeBuilder
 
 
 @dataclass(frozen=True)
@@ -84,15 +86,13 @@ def best_by_path_prob(tree: TreeBuilder, nodes: Sequence[int], limit: int) -> li
 
 
 @dataclass
-class TSDPlanner:
-    k: int = 4  # maximum out-degree: children per expanded node (the draft's top-k)
-    theta_prob: float = 0.2  # θ_prob: a child with q < θ_prob becomes a leaf
-    theta_sib: float = 0.3  # θ_sib: a child with q < θ_sib · (best sibling's q) becomes a leaf
-    max_depth: int = 10  # maximum drafting steps (levels)
-    budget: int = 32  # verified draft tokens per step, root excluded
-    name: str = "tsd"
-    lossy: bool = False
-    needs_draft: bool = True
+class TSDPlanner(Planner):
+    k: int = param(4, params.K, minimum=1)
+    theta_prob: float = param(0.2, params.THETA_PROB, minimum=0, maximum=1)
+    theta_sib: float = param(0.3, params.THETA_SIB, minimum=0, maximum=1)
+    max_depth: int = param(10, params.MAX_DEPTH, minimum=1)
+    budget: int = param(32, params.BUDGET, minimum=1)
+    name = "tsd"
 
     def describe(self) -> str:
         return (

@@ -1,0 +1,100 @@
+"""Which model files a user's choice means, and loading them: the facade the CLI, the chat app and
+the server share (model store → resolved pair → ``ModelPair``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import EdgespecError
+from .strategy import PairDefaults
+
+StageProgress = Callable[[str, int, int], None]  # (stage, done bytes, total bytes; 0 = unknown)
+
+
+@dataclass(frozen=True)
+class ResolvedPair:
+    name: str
+    target_path: str
+    draft_path: str | None
+    strategy_defaults: dict[str, Any] = field(default_factory=dict)  # models.toml: strategy, budget, params
+
+    @property
+    def defaults(self) -> PairDefaults:
+        params = {k: v for k, v in self.strategy_defaults.items() if k != "strategy"}
+        return PairDefaults(self.name, self.strategy_defaults.get("strategy"), params)
+
+
+def resolve_pair(
+    pair: str | None = None,
+    target: str | None = None,
+    draft: str | None = None,
+    need_draft: bool = True,
+    on_progress: StageProgress | None = None,
+) -> ResolvedPair:
+    """The model files for a registry pair (default: the bundled pair), or for local/registry models
+    given as ``target`` (+ ``draft``); bundled models are assembled on first use (with Rich bars on
+    stderr, or through ``on_progress``)."""
+    from .store import ModelStore
+
+    store = ModelStore()
+
+    def ensure(name: str) -> str:
+        if on_progress is None:
+            return str(store.ensure(name))
+        label = Path(name).name
+        return str(
+            store.ensure(
+                name, progress=False, on_progress=lambda d, t: on_progress(f"assembling {label}", d, t)
+            )
+        )
+
+    if target:
+        if need_draft and not draft:
+            raise EdgespecError(
+                "--target needs --draft too (or use --strategy none for plain decoding, or ngram to copy "
+                "from the conversation)."
+            )
+        draft_path = ensure(draft) if draft and need_draft else None
+        name = "+".join(Path(m).stem if m.endswith(".gguf") else m for m in (target, draft) if m)
+        return ResolvedPair(name, ensure(target), draft_path)
+    spec = store.registry.pair(pair) if pair else store.registry.default_pair
+    target_path = ensure(spec.target.name)
+    draft_path = ensure(spec.draft.name) if need_draft else None
+    defaults = {"strategy": spec.strategy, "budget": spec.budget, **dict(spec.params)}
+    return ResolvedPair(spec.name, target_path, draft_path, defaults)
+
+
+def available_pairs() -> list[str]:
+    """Registry pairs whose models are installed (or can be assembled offline from bundled parts)."""
+    from .store import ModelStore
+
+    store = ModelStore()
+    return [
+        name
+        for name, spec in store.registry.pairs.items()
+        if _available(store, spec.target) and _available(store, spec.draft)
+    ]
+
+
+def _available(store, spec) -> bool:
+    if store.is_installed(spec.name):
+        return True
+    if not spec.bundled:
+        return False
+    from . import bundled
+
+    try:
+        bundled.part_files(spec.name, spec.source)
+    except EdgespecError:
+        return False
+    return True
+
+
+def open_pair(resolved: ResolvedPair, settings):
+    """Load the resolved pair (``settings``: ``EngineSettings``) into memory."""
+    from .engine.pair import ModelPair
+
+    return ModelPair(resolved.target_path, resolved.draft_path, settings)
