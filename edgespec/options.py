@@ -16,6 +16,15 @@ from .sampling import SamplingParams
 from .strategy import CHOICES, StrategyChoice
 
 
+def add_run_args(parser: argparse.ArgumentParser, strategy: bool = True) -> None:
+    """The flags of every command that runs a pair: models, sampling and (``strategy``) the strategy
+    with its parameters (bench and tune choose strategies their own way and add the flags they take)."""
+    add_model_args(parser)
+    add_sampling_args(parser)
+    if strategy:
+        add_strategy_args(parser)
+
+
 def add_model_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("models")
     group.add_argument("--pair", help="model pair from the registry (default: the bundled pair)")

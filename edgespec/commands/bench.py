@@ -64,8 +64,7 @@ def register(sub) -> None:
     p.add_argument(
         "--reprofile", action="store_true", help="measure the cost profile again (replaces the cached one)"
     )
-    options.add_model_args(p)
-    options.add_sampling_args(p)
+    options.add_run_args(p, strategy=False)
     options.add_parameter_flags(p.add_argument_group("strategy parameters"))
     p.set_defaults(run=run)
 

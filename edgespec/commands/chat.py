@@ -17,9 +17,7 @@ def register(sub) -> None:
     )
     p.add_argument("--max-tokens", type=int, default=512, help="longest answer in tokens (default 512)")
     p.add_argument("--system", default="", help="system prompt")
-    options.add_model_args(p)
-    options.add_sampling_args(p)
-    options.add_strategy_args(p)
+    options.add_run_args(p)
     p.set_defaults(run=run)
 
 

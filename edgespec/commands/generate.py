@@ -25,9 +25,7 @@ def register(sub) -> None:
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object with text, tokens and stats")
     p.add_argument("--steps", action="store_true", help="with --json: include per-step statistics")
-    options.add_model_args(p)
-    options.add_sampling_args(p)
-    options.add_strategy_args(p)
+    options.add_run_args(p)
     p.set_defaults(run=run)
 
 

@@ -32,9 +32,7 @@ def register(sub) -> None:
     p.add_argument("--max-tokens", type=int, default=512, help="answer length when a request sets none")
     p.add_argument("--queue", type=int, default=8, help="requests that may wait for the model (default 8)")
     p.add_argument("--model-name", help="the model id clients send and /v1/models lists (default: the pair)")
-    options.add_model_args(p)
-    options.add_sampling_args(p)
-    options.add_strategy_args(p)
+    options.add_run_args(p)
     p.set_defaults(run=run)
 
 

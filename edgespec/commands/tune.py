@@ -52,8 +52,7 @@ def register(sub) -> None:
         help=f"compared MCSD variants (of {','.join(VARIANTS)}), each between two plain runs",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object with the report")
-    options.add_model_args(p)
-    options.add_sampling_args(p)
+    options.add_run_args(p, strategy=False)
     group = p.add_argument_group(
         "strategy parameters", "early stop is off while collecting; --compare sets it"
     )
