@@ -8,11 +8,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from .decoding.sampling import SamplingParams
 from .engine.pair import EngineSettings
-from .pairs import ResolvedPair, open_pair, resolve_pair
+from .models.pairs import ResolvedPair, open_pair, resolve_pair
 from .planner import strategies
 from .planner.params import KINDS
-from .sampling import SamplingParams
 from .strategy import CHOICES, StrategyChoice
 
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .paths import decision_model_path
+from .models.paths import decision_model_path
 from .planner import strategies
 from .planner.tree import Planner
 
@@ -92,7 +92,7 @@ def make_planner(
         return None
     planner = strategies.build(choice.name, planner_params(choice, pair))
     if engine is not None and planner.wants_costs:
-        from .costs import attach
+        from .measure.costs import attach
 
         attach(planner, engine, progress=progress, show_progress=show_progress)
     return planner

@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 from edgespec.engine import EngineSettings, ModelPair
-from edgespec.prompts import prompt_set
-from edgespec.store import ModelStore
+from edgespec.measure.prompts import prompt_set
+from edgespec.models.store import ModelStore
 
 sets, out = sys.argv[1], Path(sys.argv[2])
 out.mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,7 @@ fi
 PYTHON=${PYTHON:-$(command -v python3 || command -v python)}
 if command -v edgespec >/dev/null 2>&1; then EDGESPEC=$(command -v edgespec); else EDGESPEC="$PYTHON -m edgespec"; fi
 
-REAL_HOME=$("$PYTHON" -c "from edgespec.paths import home_dir; print(home_dir())")
+REAL_HOME=$("$PYTHON" -c "from edgespec.models.paths import home_dir; print(home_dir())")
 CHECK_HOME=$(mktemp -d -t edgespec-chat-check.XXXXXX)
 mkdir -p "$REAL_HOME/models"
 ln -s "$REAL_HOME/models" "$CHECK_HOME/models"

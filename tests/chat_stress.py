@@ -12,8 +12,8 @@ import asyncio
 import faulthandler
 import sys
 
-from edgespec.chat import ChatSettings
 from edgespec.cli import build_parser
+from edgespec.decoding.chat import ChatSettings
 from tui.app import ChatApp
 from tui.backend import LlamaBackend, StrategyChoice
 from tui.storage import ChatStore

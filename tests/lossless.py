@@ -36,11 +36,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from edgespec.decoding.verify import verify_sampling
 from edgespec.planner.auto import CostModel
 from edgespec.planner.strategies import STRATEGY_NAMES
 from edgespec.planner.strategies import build as make_planner
 from edgespec.planner.tree import ChildRule, DraftTree, PlanContext, SparseDist, TreeBuilder
-from edgespec.verify import verify_sampling
 
 V = 16  # vocabulary
 K = 6  # the draft keeps its top K: its probabilities sum to < 1

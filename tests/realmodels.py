@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgespec.chat import ChatSettings, Message, prompt_tokens
-from edgespec.decoder import Request, generate
+from edgespec.decoding.chat import ChatSettings, Message, prompt_tokens
+from edgespec.decoding.decoder import Request, generate
+from edgespec.measure.prompts import ENGINE_PROMPTS
 from edgespec.planner.tree import TreeBuilder
-from edgespec.prompts import ENGINE_PROMPTS
 
 BUNDLED_PAIR = "qwen2.5-coder-1.5b+0.5b"
 MAX_TOKENS = 128  # plain decoding runs this long; strategies compare on a prefix of it
@@ -23,7 +23,7 @@ MAX_TOKENS = 128  # plain decoding runs this long; strategies compare on a prefi
 def bundled_paths() -> tuple[str, str]:
     """Paths of the installed bundled pair; skips when llama_cpp or the models are missing."""
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
-    from edgespec.store import ModelStore
+    from edgespec.models.store import ModelStore
 
     store = ModelStore()
     spec = store.registry.pair(BUNDLED_PAIR)

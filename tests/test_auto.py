@@ -8,8 +8,9 @@ import pytest
 from fake_llama import FakePair
 from fakes import SyntheticDrafter, sparse
 
-from edgespec.decoder import Request, generate
-from edgespec.events import EmittedToken, Provenance, StepEvent, StepTimings
+from edgespec.decoding.decoder import Request, generate
+from edgespec.decoding.events import EmittedToken, Provenance, StepEvent, StepTimings
+from edgespec.decoding.sampling import SamplingParams
 from edgespec.planner.auto import (
     COPY,
     PLAIN,
@@ -24,7 +25,6 @@ from edgespec.planner.auto import (
 from edgespec.planner.strategies import PARAM_NAMES
 from edgespec.planner.strategies import build as make_planner
 from edgespec.planner.tree import ChildRule, DraftTree, PlanContext
-from edgespec.sampling import SamplingParams
 
 C1 = 0.057  # seconds: the bundled target's single-token decode on the 2-core CPU
 # Compute-bound (this CPU): a batch of n costs n single decodes, for both models.

@@ -13,15 +13,11 @@ import pytest
 from fake_llama import FakePair
 from rich.console import Console
 
-from edgespec.bench import BenchConfig, Variant, report, run_bench, schedule, summarise
-from edgespec.bench.runner import PLAIN, PromptResult, Run
 from edgespec.commands import bench as bench_command
+from edgespec.decoding.events import GenerationStats
 from edgespec.errors import EdgespecError
-from edgespec.events import GenerationStats
-from edgespec.planner.auto import AutoPlanner, CostModel
-from edgespec.planner.chain import ChainPlanner
-from edgespec.planner.strategies import build as make_planner
-from edgespec.prompts import (
+from edgespec.measure import BenchConfig, Variant, report, run_bench, schedule, summarise
+from edgespec.measure.prompts import (
     PROMPT_SETS,
     QUICK_PROMPTS,
     PromptCase,
@@ -29,6 +25,10 @@ from edgespec.prompts import (
     load_prompts,
     prompt_set,
 )
+from edgespec.measure.runner import PLAIN, PromptResult, Run
+from edgespec.planner.auto import AutoPlanner, CostModel
+from edgespec.planner.chain import ChainPlanner
+from edgespec.planner.strategies import build as make_planner
 
 CPU = CostModel.from_functions(lambda n: 0.057 * n, lambda n: 0.029 * n)
 CASES = [
@@ -122,7 +122,7 @@ def _run(variant: str, n: int, seconds: float) -> Run:
 
 
 def test_totals_count_gsd_merges_and_graph_successes_per_step():
-    from edgespec.bench.runner import _totals
+    from edgespec.measure.runner import _totals
 
     runs = [
         Run(
@@ -283,7 +283,7 @@ def test_jsonl_prompts(tmp_path):
 def test_bench_command_on_the_bundled_pair(tmp_path, monkeypatch, capsys):
     from realmodels import BUNDLED_PAIR, bundled_paths
 
-    from edgespec import costs
+    from edgespec.measure import costs
 
     bundled_paths()  # skips without the models
     monkeypatch.setattr(costs, "home_dir", lambda: tmp_path)  # a fresh, small cost profile

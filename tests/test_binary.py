@@ -41,7 +41,7 @@ def run_binary(*args: str, env: dict[str, str], timeout: float = 300) -> subproc
 
 @pytest.fixture(scope="module")
 def pair_files() -> tuple[str, str]:
-    from edgespec.store import ModelStore
+    from edgespec.models.store import ModelStore
 
     store = ModelStore()
     spec = store.registry.default_pair
@@ -70,7 +70,7 @@ def test_without_models_it_says_how_to_get_them(tmp_path, unpack):
 
 @pytest.mark.model
 def test_models_list_and_generate_equal_the_package(tmp_path, unpack, pair_files):
-    from edgespec.paths import home_dir
+    from edgespec.models.paths import home_dir
 
     env = clean_env(tmp_path, unpack, EDGESPEC_HOME=str(home_dir()))
     listed = run_binary("models", "list", "--json", env=env)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from fake_llama import FakePair
 
-from edgespec import costs
-from edgespec.costs import CostProfile
+from edgespec.measure import costs
+from edgespec.measure.costs import CostProfile
 
 
 @pytest.fixture(scope="module")

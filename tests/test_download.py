@@ -12,7 +12,7 @@ from hubserver import HubServer
 from huggingface_hub import constants as hf_constants
 
 from edgespec.errors import ModelStoreError
-from edgespec.store import ModelStore
+from edgespec.models.store import ModelStore
 
 REPO = "test/tiny-GGUF"
 DATA = random.Random(0).randbytes(300_000)

@@ -10,9 +10,9 @@ import pytest
 from fake_llama import FakePair
 from treeplanners import RandomTreePlanner
 
-from edgespec.decoder import Request, generate
+from edgespec.decoding.decoder import Request, generate
+from edgespec.decoding.sampling import SamplingParams
 from edgespec.planner.chain import ChainPlanner
-from edgespec.sampling import SamplingParams
 
 PROMPT = [5, 17, 3, 29, 8, 40, 12]
 
@@ -116,8 +116,8 @@ def test_sampling_runs_and_is_reproducible():
 def test_a_step_past_max_tokens_is_cut_even_when_it_ends_the_turn():
     from fake_llama import EOS, FakeModel
 
-    from edgespec.decoder import _cut
-    from edgespec.events import EmittedToken, Provenance
+    from edgespec.decoding.decoder import _cut
+    from edgespec.decoding.events import EmittedToken, Provenance
 
     step = tuple(EmittedToken(t, Provenance.DRAFT, 1.0) for t in (5, 6, 7, 8, EOS))
     assert _cut(step, FakeModel(), 2) == (step[:2], "length")  # the end of turn lies past the budget
@@ -199,7 +199,7 @@ def test_python_time_excludes_the_models_decodes(monkeypatch):
 
 
 def test_ngram_copies_without_touching_the_draft():
-    from edgespec.events import Provenance
+    from edgespec.decoding.events import Provenance
     from edgespec.planner.strategies import build as make_planner
 
     pair = FakePair(n_seq=33)
@@ -224,7 +224,7 @@ def test_ngram_runs_on_a_pair_without_a_draft():
 
 
 def test_hybrid_skips_the_draft_where_copies_cover_the_next_token():
-    from edgespec.events import Provenance
+    from edgespec.decoding.events import Provenance
     from edgespec.planner.strategies import build as make_planner
 
     pair = FakePair(n_seq=33)

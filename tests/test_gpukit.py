@@ -9,9 +9,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from kit import main, predict
 
-from edgespec.costs import CostProfile
-from edgespec.gpukit import main, predict
+from edgespec.measure.costs import CostProfile
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,9 +63,8 @@ def test_kit_fits_the_64_mib_carry():
 @pytest.mark.model
 def test_measurement_runs_end_to_end_on_cpu(tmp_path):
     """The whole run on tiny 1-layer random models (tokenizer from the bundled draft), CPU only."""
+    from randomgguf import main as make_gguf
     from realmodels import bundled_paths
-
-    from edgespec.randomgguf import main as make_gguf
 
     _, draft = bundled_paths()
     tokenizer = tmp_path / "tok.gguf"

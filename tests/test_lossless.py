@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from lossless import ROOT, STEPS, STRATEGIES, make_pair, planner_for, run
 
-from edgespec import verify
+from edgespec.decoding import verify
 from edgespec.planner import dyspec
 from edgespec.planner.tree import node_rng
 

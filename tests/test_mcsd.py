@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from fakes import SyntheticDrafter, sparse
 
+from edgespec.decoding.verify import verify_greedy, verify_sampling
 from edgespec.errors import EdgespecError
 from edgespec.planner.earlystop import N_TOP, DecisionModel, features
 from edgespec.planner.mcsd import (
@@ -17,7 +18,6 @@ from edgespec.planner.mcsd import (
     slice_layout,
 )
 from edgespec.planner.tree import ChildRule, PlanContext
-from edgespec.verify import verify_greedy, verify_sampling
 
 CONFIGS = [(4, 2, 2, 1), (2, 4, 3, 1, 1), (3,), (1, 1, 1), (2, 3)]
 

@@ -99,7 +99,7 @@ def test_a_crashing_backend_becomes_a_message_with_the_fix():
 def draft_path() -> str:
     if importlib.util.find_spec("llama_cpp") is None:
         pytest.skip("llama_cpp is not importable")
-    from edgespec.store import ModelStore
+    from edgespec.models.store import ModelStore
 
     store = ModelStore()
     spec = store.registry.default_pair

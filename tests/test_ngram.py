@@ -8,7 +8,7 @@ import pytest
 from fakes import SyntheticDrafter, sparse
 from test_planners import check_tree
 
-from edgespec.events import StepEvent, StepTimings
+from edgespec.decoding.events import StepEvent, StepTimings
 from edgespec.planner.auto import CostModel
 from edgespec.planner.copy_drafts import HybridPlanner, NGramPlanner
 from edgespec.planner.ngram import Copier, CopyTrie, NGramIndex, common_prefix, prior_rate

@@ -2,7 +2,7 @@
 `tune` run on the same choice, with non-default parameters, and build equal planners.
 
 The commands run for real through the CLI parser; only loading the models is replaced by the fake pair
-(the loading facade, ``edgespec.pairs.open_pair``). Every planner built on the way is recorded where
+(the loading facade, ``edgespec.models.pairs.open_pair``). Every planner built on the way is recorded where
 all of them are made: ``edgespec.planner.strategies.build``.
 """
 
@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from fake_llama import ChatFakePair
 
-from edgespec import cli, options, pairs
-from edgespec.paths import decision_model_path
+from edgespec import cli, options
+from edgespec.models import pairs
+from edgespec.models.paths import decision_model_path
 from edgespec.planner import strategies
 from edgespec.planner.earlystop import DecisionModel
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 import gguf
 import numpy as np
 import pytest
+import randomgguf as R
 from gguf.quants import dequantize
-
-from edgespec import randomgguf as R
 
 
 def test_builtin_shapes_match_the_real_parameter_counts():
@@ -57,7 +56,7 @@ def test_header_reader_gets_shapes_and_tokenizer(tokenizer_source):
 
 @pytest.mark.model  # loads llama.cpp twice and checks a 152k-token pairing: seconds, not milliseconds
 def test_tiny_random_model_loads_and_decodes(tokenizer_source, tmp_path):
-    from edgespec.decoder import Request, generate
+    from edgespec.decoding.decoder import Request, generate
     from edgespec.engine import EngineSettings, ModelPair
     from edgespec.planner.chain import ChainPlanner
 

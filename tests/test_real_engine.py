@@ -27,11 +27,11 @@ from realmodels import (
 )
 from treeplanners import RandomTreePlanner
 
-from edgespec.decoder import Request, generate
+from edgespec.decoding.decoder import Request, generate
+from edgespec.decoding.sampling import SamplingParams
+from edgespec.measure.prompts import ENGINE_PROMPTS
 from edgespec.planner.chain import ChainPlanner
 from edgespec.planner.tree import TreeBuilder
-from edgespec.prompts import ENGINE_PROMPTS
-from edgespec.sampling import SamplingParams
 
 pytestmark = pytest.mark.model
 

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 from realmodels import BUNDLED_PAIR, chat_prompt, first_divergence, greedy_steps
 
-from edgespec.decoder import Request, generate
+from edgespec.decoding.decoder import Request, generate
+from edgespec.decoding.sampling import SamplingParams
+from edgespec.measure.prompts import ENGINE_PROMPTS
+from edgespec.measure.tune import agreement
 from edgespec.planner.earlystop import DecisionModel
 from edgespec.planner.mcsd import MCSDPlanner, MCSDTargetInitPlanner
 from edgespec.planner.tree import ChildRule
-from edgespec.prompts import ENGINE_PROMPTS
-from edgespec.sampling import SamplingParams
-from edgespec.tune import agreement
 
 pytestmark = pytest.mark.model
 

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from realmodels import chat_prompt, first_divergence
 
-from edgespec.decoder import Request, generate
-from edgespec.events import Provenance
+from edgespec.decoding.decoder import Request, generate
+from edgespec.decoding.events import Provenance
+from edgespec.decoding.sampling import SamplingParams, target_probs
+from edgespec.measure.prompts import PROMPT_SETS
 from edgespec.planner.strategies import build as make_planner
 from edgespec.planner.tree import ChildRule
-from edgespec.prompts import PROMPT_SETS
-from edgespec.sampling import SamplingParams, target_probs
 
 pytestmark = pytest.mark.model
 

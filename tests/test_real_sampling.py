@@ -8,7 +8,7 @@ import pytest
 from realmodels import chat_prompt
 from test_sampling import assert_same_top_k
 
-from edgespec.prompts import ENGINE_PROMPTS
+from edgespec.measure.prompts import ENGINE_PROMPTS
 
 pytestmark = pytest.mark.model
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from sampling_reference import argpartition_top_k, full_vocabulary_top_k
 
-from edgespec.sampling import draft_dists, top2_margin
+from edgespec.decoding.sampling import draft_dists, top2_margin
 
 QWEN_VOCAB = 151_936
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from edgespec.errors import ModelNotFoundError, ModelStoreError
-from edgespec.store import ModelStore
+from edgespec.models.store import ModelStore
 
 CHUNKS = [random.Random(i).randbytes(50_000 + 1000 * i) for i in range(3)]
 WHOLE = b"".join(CHUNKS)

@@ -1,4 +1,4 @@
-from edgespec.text import Detokenizer, StopStrings
+from edgespec.decoding.text import Detokenizer, StopStrings
 
 
 def test_detokenizer_never_splits_a_character():

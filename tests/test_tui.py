@@ -15,8 +15,8 @@ import pytest
 from textual.widgets import Markdown, ProgressBar, Static, Tree
 from tui_fakes import FakeBackend, canned_answer
 
+from edgespec.decoding.events import EmittedToken, Provenance, StepEvent, StepTimings
 from edgespec.errors import ContextFullError, ModelNotFoundError, PairingError
-from edgespec.events import EmittedToken, Provenance, StepEvent, StepTimings
 from tui.app import ChatApp
 from tui.backend import RollingRate, StrategyChoice, provenance_runs, provenance_spans, spans_from_runs
 from tui.screens.chat import ChatScreen
@@ -131,7 +131,7 @@ def test_send_streams_answer_token_by_token_with_provenance(tmp_path, monkeypatc
 
 
 def test_plain_decoding_and_max_tokens(tmp_path):
-    from edgespec.chat import ChatSettings
+    from edgespec.decoding.chat import ChatSettings
 
     async def scenario():
         app = make_app(tmp_path, settings=ChatSettings(max_tokens=7))
@@ -636,8 +636,8 @@ def test_real_bundled_pair_end_to_end(tmp_path, monkeypatch):
     if importlib.util.find_spec("llama_cpp") is None:
         pytest.skip("llama_cpp is not importable: install llama-cpp-python to run the real-model test")
     monkeypatch.delenv("EDGESPEC_HOME", raising=False)  # use the installed models
-    from edgespec.chat import ChatSettings
     from edgespec.cli import build_parser
+    from edgespec.decoding.chat import ChatSettings
     from tui.backend import LlamaBackend
 
     args = build_parser().parse_args(["chat", "--ctx", "1024", "--strategy", "chain"])

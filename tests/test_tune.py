@@ -11,17 +11,17 @@ import pytest
 from fake_llama import ChatFakePair, FakePair
 
 from edgespec import options
-from edgespec import tune as tuning
 from edgespec.commands import tune as tune_command
-from edgespec.decoder import Request, generate
-from edgespec.paths import decision_model_path
+from edgespec.decoding.decoder import Request, generate
+from edgespec.decoding.sampling import SamplingParams
+from edgespec.measure import tune as tuning
+from edgespec.measure.prompts import PromptCase
+from edgespec.models.paths import decision_model_path
 from edgespec.planner.earlystop import DecisionModel
 from edgespec.planner.mcsd import MCSDPlanner, MCSDTargetInitPlanner
 from edgespec.planner.strategies import StrategyError
 from edgespec.planner.strategies import build as make_planner
 from edgespec.planner.tree import ChildRule, SparseDist, TreeBuilder
-from edgespec.prompts import PromptCase
-from edgespec.sampling import SamplingParams
 from edgespec.strategy import make_planner as _make
 
 PROMPT = [5, 17, 3, 29, 8, 40, 12]

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from edgespec.chat import ChatSettings, Message
+from edgespec.decoding.chat import ChatSettings, Message
+from edgespec.decoding.events import EmittedToken, GenerationStats, Provenance, StepEvent, StepTimings
 from edgespec.errors import ContextFullError, EdgespecError
-from edgespec.events import EmittedToken, GenerationStats, Provenance, StepEvent, StepTimings
 from edgespec.planner.tree import ChildRule, PlanStats, SparseDist, TreeBuilder
 from tui.backend import LoadedPair, StrategyChoice
 

@@ -6,7 +6,7 @@ from textual.app import App
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.screen import Screen
 
-from edgespec.chat import ChatSettings
+from edgespec.decoding.chat import ChatSettings
 
 from .backend import Backend
 from .screens.chat import ChatScreen

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from time import monotonic
 from typing import Protocol
 
-from edgespec.chat import ChatSettings, Message
-from edgespec.events import GenerationStats, Provenance, StepEvent
+from edgespec.decoding.chat import ChatSettings, Message
+from edgespec.decoding.events import GenerationStats, Provenance, StepEvent
 from edgespec.planner.tree import Planner
 from edgespec.strategy import CHOICES, PairDefaults, StrategyChoice, make_planner, needs_draft
 
@@ -101,7 +101,7 @@ class PairEngine:
         return self.pair.context_used()
 
     def prepare(self, planner, on_progress: LoadCallback) -> None:
-        from edgespec.costs import attach
+        from edgespec.measure.costs import attach
 
         if planner is not None and id(planner) not in self._with_costs:
             # auto, OPT-Tree: this pair's cost profile (measured once per pair and machine, cached)
@@ -109,7 +109,7 @@ class PairEngine:
             self._with_costs.add(id(planner))
 
     def stream(self, planner, messages, settings, cancel, stats) -> Iterator[StepEvent]:
-        from edgespec.chat import stream_reply
+        from edgespec.decoding.chat import stream_reply
 
         return stream_reply(self.pair, planner, messages, settings, cancel=cancel, stats=stats)
 
@@ -123,7 +123,7 @@ class PairEngine:
 
 class LlamaBackend:
     """Pairs from the registry and the model store, loaded with the command line's engine settings,
-    through the same facade as the CLI (``edgespec.pairs``, ``edgespec.strategy``)."""
+    through the same facade as the CLI (``edgespec.models.pairs``, ``edgespec.strategy``)."""
 
     strategies = CHOICES
 
@@ -132,14 +132,14 @@ class LlamaBackend:
         self.pair: PairDefaults | None = None  # the loaded pair's defaults (models.toml)
 
     def pairs(self) -> list[str]:
-        from edgespec.pairs import available_pairs
+        from edgespec.models.pairs import available_pairs
 
         return available_pairs()
 
     def resolve(self, pair: str | None, on_progress: LoadCallback):
         """The files and the first strategy choice for ``pair`` (None: what the command line asked for)."""
         from edgespec import options
-        from edgespec.pairs import resolve_pair
+        from edgespec.models.pairs import resolve_pair
 
         args = self.args
         if pair is None and args.target:  # local files; without --draft: plain decoding only
@@ -154,7 +154,7 @@ class LlamaBackend:
     def load(self, pair: str | None, on_progress: LoadCallback) -> LoadedPair:
         """Load ``pair`` (None: what the command line asked for, else the default pair). Runs in a thread."""
         from edgespec import options
-        from edgespec.pairs import open_pair
+        from edgespec.models.pairs import open_pair
 
         resolved, choice = self.resolve(pair, on_progress)
         on_progress(f"loading {resolved.name} into memory", 0, 0)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from textual.message import Message
 
-from edgespec.events import Provenance
+from edgespec.decoding.events import Provenance
 
 Span = tuple[str, Provenance]  # a piece of answer text and who chose its tokens
 

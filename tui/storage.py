@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edgespec.errors import EdgespecError
-from edgespec.paths import home_dir
+from edgespec.models.paths import home_dir
 
 DB_NAME = "chats.sqlite3"
 SCHEMA_VERSION = 1

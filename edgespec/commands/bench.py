@@ -9,8 +9,8 @@ from rich.console import Console
 
 from .. import options
 from ..errors import EdgespecError
+from ..measure.prompts import set_names
 from ..planner import strategies
-from ..prompts import set_names
 from ..strategy import StrategyChoice, make_planner
 
 DEFAULT_STRATEGIES = "chain,tsd,gsd,opt-tree,dyspec,mcsd,ngram,hybrid,auto"
@@ -99,7 +99,7 @@ def parse_variants(text: str, budgets: str | None, repeats: int = 1) -> list[tup
 def build_variants(args, resolved) -> list:
     """One variant per strategy and budget (the command line's parameters for all, ``:BUDGET`` for
     one); cost-aware planners get the profile afterwards."""
-    from ..bench import Variant
+    from ..measure import Variant
 
     given = options.parameters_from_args(args)
     variants = []
@@ -117,7 +117,7 @@ def build_variants(args, resolved) -> list:
 
 
 def run(args) -> int:
-    from ..bench import report
+    from ..measure import report
 
     console = Console() if sys.stdout.isatty() else Console(width=160)  # files and pipes get whole tables
     if args.compare:
@@ -139,9 +139,8 @@ def run(args) -> int:
 
 
 def _bench(args: argparse.Namespace, console: Console) -> int:
-    from .. import costs
-    from ..bench import BenchConfig, report, run_bench, summarise
-    from ..prompts import load_prompts
+    from ..measure import BenchConfig, costs, report, run_bench, summarise
+    from ..measure.prompts import load_prompts
 
     cases = load_prompts(args.prompts)
     parse_variants(args.strategies, args.budgets, args.repeats)  # fail on typos before loading the models
@@ -211,7 +210,7 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
 def _registry_sha(resolved, role: str) -> str | None:
     """The registry's sha256 of the pair's model (when the pair came from the registry)."""
     try:
-        from ..registry import load_registry
+        from ..models.registry import load_registry
 
         spec = load_registry().pair(resolved.name)
         return getattr(spec, role).sha256

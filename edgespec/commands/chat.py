@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .. import options
-from ..chat import ChatSettings
+from ..decoding.chat import ChatSettings
 
 
 def register(sub) -> None:

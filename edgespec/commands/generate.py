@@ -7,8 +7,8 @@ import sys
 from time import perf_counter
 
 from .. import options
-from ..chat import ChatSettings, Message, stream_reply
-from ..events import GenerationStats
+from ..decoding.chat import ChatSettings, Message, stream_reply
+from ..decoding.events import GenerationStats
 from ..strategy import make_planner, needs_draft
 
 

@@ -9,9 +9,9 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from ..paths import format_bytes, user_registry_path
-from ..registry import PairSpec
-from ..store import ModelStatus, ModelStore
+from ..models.paths import format_bytes, user_registry_path
+from ..models.registry import PairSpec
+from ..models.store import ModelStatus, ModelStore
 
 
 def register(sub) -> None:

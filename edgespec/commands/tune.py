@@ -9,10 +9,11 @@ from pathlib import Path
 
 from rich.console import Console
 
-from .. import costs, options
-from .. import tune as tuning
+from .. import options
 from ..errors import EdgespecError
-from ..paths import decision_model_path
+from ..measure import costs
+from ..measure import tune as tuning
+from ..models.paths import decision_model_path
 from ..planner.earlystop import DecisionModel
 from ..strategy import StrategyChoice, make_planner
 

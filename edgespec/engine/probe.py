@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from ..errors import EngineError
-from ..paths import home_dir
+from ..models.paths import home_dir
 
 PROBE_TIMEOUT = 300.0  # seconds: loading a large model from a cold disk can take a while
 BATCH = 16

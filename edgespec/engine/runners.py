@@ -16,8 +16,8 @@ from time import perf_counter
 
 import numpy as np
 
+from ..decoding.sampling import draft_dists
 from ..planner.tree import DraftTree, SparseDist, TreeBuilder
-from ..sampling import draft_dists
 from ._llama import Context
 from .layout import TreeLayout, tree_layout
 

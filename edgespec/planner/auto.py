@@ -7,7 +7,7 @@ Each step maximises the expected tokens per second of the step,
 where Σ p̂ is the tree's expected accepted length under the draft's probabilities (OPT-Tree's E[A]),
 ``r`` the running ratio of tokens accepted to tokens predicted (the draft's calibration, measured
 online through ``observe``), and c_t the target's measured verify cost by batch size (the cost
-profile, see ``edgespec.costs``). Plain decoding is the tree with only the root: rate 1 / c_t(1).
+profile, see ``edgespec.measure.costs``). Plain decoding is the tree with only the root: rate 1 / c_t(1).
 
 1. **Could speculation ever pay?** With every draft token accepted, the best a step can do is a
    chain of n: (1 + n) / (catch-up(1) + (n − 1) · d(1) + c_t(n + 1)). When no n beats plain decoding

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 import numpy as np
 
 if TYPE_CHECKING:
-    from ..events import StepEvent
+    from ..decoding.events import StepEvent
     from .auto import CostModel
 
 

@@ -20,8 +20,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from ..decoding.events import StepEvent
 from ..errors import ContextFullError, EdgespecError
-from ..events import StepEvent
 from . import protocol
 from .protocol import ApiError, Defaults
 from .worker import DONE, Job, QueueFull, Worker

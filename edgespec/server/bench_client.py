@@ -14,7 +14,7 @@ from time import perf_counter
 
 import httpx
 
-from ..prompts import load_prompts
+from ..measure.prompts import load_prompts
 
 
 def run_prompts(

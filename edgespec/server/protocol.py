@@ -12,9 +12,9 @@ import json
 import math
 from dataclasses import dataclass
 
-from ..chat import ChatSettings, Message
-from ..events import GenerationStats
-from ..sampling import SamplingParams
+from ..decoding.chat import ChatSettings, Message
+from ..decoding.events import GenerationStats
+from ..decoding.sampling import SamplingParams
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length"}  # decoder → OpenAI

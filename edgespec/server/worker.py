@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..events import GenerationStats
+from ..decoding.events import GenerationStats
 from .protocol import ChatRequest
 
 if TYPE_CHECKING:

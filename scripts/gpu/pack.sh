@@ -17,7 +17,7 @@ LIMIT_MIB=60  # leaves room for the working tree within the 64 MiB carry
 VERSION=$($PY -c "from importlib.metadata import version; print(version('llama_cpp_python'))")
 SDIST=${1:-}
 TOKENIZER=${2:-$($PY -c "
-from edgespec.store import ModelStore
+from edgespec.models.store import ModelStore
 s = ModelStore(); spec = s.registry.pair('qwen2.5-coder-1.5b+0.5b'); print(s.path_for(spec.draft.name))")}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT

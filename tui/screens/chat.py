@@ -18,9 +18,9 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer
 
-from edgespec.chat import ChatSettings, Message
+from edgespec.decoding.chat import ChatSettings, Message
+from edgespec.decoding.events import GenerationStats
 from edgespec.errors import EdgespecError
-from edgespec.events import GenerationStats
 
 from .. import messages as msg
 from ..backend import (

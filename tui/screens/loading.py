@@ -7,7 +7,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Label, LoadingIndicator, ProgressBar
 
-from edgespec.paths import format_bytes
+from edgespec.models.paths import format_bytes
 
 
 class LoadingScreen(ModalScreen):

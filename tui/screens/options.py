@@ -9,7 +9,7 @@ from textual.app import ComposeResult
 from textual.containers import Grid, Horizontal, Vertical
 from textual.widgets import Button, Input, Label, Select, TextArea
 
-from edgespec.chat import ChatSettings
+from edgespec.decoding.chat import ChatSettings
 
 from ..backend import StrategyChoice
 from .dialogs import Dialog

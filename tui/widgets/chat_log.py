@@ -12,7 +12,7 @@ from rich.text import Text
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Markdown, Static
 
-from edgespec.events import Provenance
+from edgespec.decoding.events import Provenance
 
 from ..messages import Span
 

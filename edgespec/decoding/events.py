@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from .planner.tree import DraftTree
+from ..planner.tree import DraftTree
 
 
 class Provenance(str, Enum):

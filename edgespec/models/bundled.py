@@ -13,7 +13,7 @@ from importlib import metadata, resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import ModelStoreError
+from ..errors import ModelStoreError
 from .paths import HASH_CHUNK, ProgressCallback
 from .registry import BundledSource, ModelSpec
 

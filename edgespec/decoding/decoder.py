@@ -15,8 +15,8 @@ from time import perf_counter
 
 import numpy as np
 
+from ..planner.tree import DraftTree, PlanContext, Planner, SparseDist
 from .events import EmittedToken, Provenance, StepEvent, StepTimings
-from .planner.tree import DraftTree, PlanContext, Planner, SparseDist
 from .sampling import SamplingParams, draft_dists, sample, target_probs, top2_margin
 from .text import Detokenizer, StopStrings
 from .verify import Verdict, verify_greedy, verify_sampling

@@ -33,7 +33,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .. import __version__
-from ..costs import cpu_model, llama_version, model_identity
+from .costs import cpu_model, llama_version, model_identity
 
 SCHEMA = "edgespec-bench/1"
 AUTO_FLOOR = 0.98  # auto must keep at least this paired tokens/s ratio against plain decoding

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from .errors import ModelNotFoundError, RegistryError
+from ..errors import ModelNotFoundError, RegistryError
 from .paths import user_registry_path
 
 if sys.version_info >= (3, 11):

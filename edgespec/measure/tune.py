@@ -11,7 +11,7 @@
    ``--early-stop model`` finds it when no ``--early-stop-model PATH`` is given.
 
 ``compare`` times plain decoding against MCSD variants side by side with the bench's interleaved
-schedule (``edgespec.bench.runner``: every variant between two plain runs of the same prompt) and adds
+schedule (``edgespec.measure.runner``: every variant between two plain runs of the same prompt) and adds
 what the early-stop question needs: draft decodes and verified tokens per step, target decodes per
 step, and (greedy) agreement with plain decoding.
 """
@@ -25,14 +25,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .chat import ChatSettings, Message, prompt_tokens, stream_reply
-from .errors import EdgespecError
-from .events import GenerationStats, StepEvent
-from .planner.earlystop import DecisionModel, accuracy, auc, feature_matrix
-from .planner.mcsd import MCSDPlanner
-from .planner.tree import ChildRule, DraftTree, Planner, TreeBuilder
+from ..decoding.chat import ChatSettings, Message, prompt_tokens, stream_reply
+from ..decoding.events import GenerationStats, StepEvent
+from ..decoding.sampling import SamplingParams
+from ..errors import EdgespecError
+from ..planner.earlystop import DecisionModel, accuracy, auc, feature_matrix
+from ..planner.mcsd import MCSDPlanner
+from ..planner.tree import ChildRule, DraftTree, Planner, TreeBuilder
 from .prompts import ENGINE_PROMPTS, PromptCase, load_prompts
-from .sampling import SamplingParams
 
 
 # -- prompts --------------------------------------------------------------------------------------
@@ -94,7 +94,7 @@ class Examples:
 
     @classmethod
     def empty(cls) -> Examples:
-        from .planner.earlystop import FEATURE_NAMES
+        from ..planner.earlystop import FEATURE_NAMES
 
         none = np.zeros(0, dtype=np.int32)
         return cls(np.zeros((0, len(FEATURE_NAMES))), np.zeros(0, dtype=bool), none, none.copy())
@@ -255,7 +255,7 @@ def compare(
     variants: the target's mean log-probability per token of what the variant produced, and its
     difference from the adjacent plain run's (negative: the target finds the text less likely).
     """
-    from .bench.runner import PLAIN, BenchConfig, Variant, run_bench, summarise
+    from .runner import PLAIN, BenchConfig, Variant, run_bench, summarise
 
     config = BenchConfig(max_tokens=max_tokens, sampling=sampling, warmup_tokens=4)
     entries = [Variant(key, planner.name, None, planner) for key, planner in variants.items()]

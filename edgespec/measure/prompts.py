@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from .errors import EdgespecError
+from ..errors import EdgespecError
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -33,8 +33,9 @@ from pathlib import Path
 from statistics import median
 from time import perf_counter
 
-from .costs import CostProfile, measure
-from .randomgguf import BUILTIN, file_size, read_tokenizer, write_random_gguf
+from randomgguf import BUILTIN, file_size, read_tokenizer, write_random_gguf
+
+from edgespec.measure.costs import CostProfile, measure
 
 DRAFT = "qwen2.5-0.5b"
 TARGETS = ("qwen2.5-1.5b", "qwen2.5-7b", "qwen2.5-14b", "qwen2.5-32b")
@@ -58,8 +59,8 @@ def make_model(name: str, tokenizer_gguf: str, out_dir: Path, qtype: str = "Q4_K
 
 def overhead(pair, strategy: str, budget: int, prompt: list[int], tokens: int) -> dict:
     """Median Python ms per step and draft passes per step of one strategy/budget (greedy)."""
-    from .decoder import Request, generate
-    from .strategy import PairDefaults, StrategyChoice, make_planner
+    from edgespec.decoding.decoder import Request, generate
+    from edgespec.strategy import PairDefaults, StrategyChoice, make_planner
 
     planner = make_planner(StrategyChoice(strategy, {"budget": budget}), PairDefaults("random"))
     steps = [
@@ -76,7 +77,7 @@ def overhead(pair, strategy: str, budget: int, prompt: list[int], tokens: int) -
 
 
 def plain_rate(pair, prompt: list[int], tokens: int) -> dict:
-    from .decoder import Request, generate
+    from edgespec.decoding.decoder import Request, generate
 
     start = perf_counter()
     events = list(generate(pair, None, Request(prompt=prompt, max_tokens=tokens)))
@@ -88,7 +89,7 @@ def plain_rate(pair, prompt: list[int], tokens: int) -> dict:
 
 def measure_target(target: Path, draft: Path, args) -> dict:
     """Everything for one target size; the pair is loaded with every layer offloaded."""
-    from .engine import EngineSettings, ModelPair
+    from edgespec.engine import EngineSettings, ModelPair
 
     offload = {"target_gpu_layers": args.gpu_layers, "draft_gpu_layers": args.gpu_layers}
     settings = EngineSettings(n_ctx=2048, threads=args.threads, max_tree_nodes=64, **offload)
@@ -201,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     args.strategies = tuple(args.strategies.split(","))
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    from .engine._llama import supports_gpu_offload, system_info
+    from edgespec.engine._llama import supports_gpu_offload, system_info
 
     draft = make_model(args.draft, args.tokenizer_from, work, args.type, args.layers)
     results = []

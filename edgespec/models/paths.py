@@ -15,7 +15,7 @@ from pathlib import Path
 
 import platformdirs
 
-from .errors import ModelStoreError
+from ..errors import ModelStoreError
 
 APP_NAME = "edgespec"
 HASH_CHUNK = 4 * 1024 * 1024  # bytes read per step when hashing

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .planner.tree import ChildRule, DraftTree
+from ..planner.tree import ChildRule, DraftTree
 from .sampling import sample
 
 

@@ -21,11 +21,11 @@ from time import perf_counter
 
 import numpy as np
 
-from ..chat import ChatSettings, Message, prompt_tokens
-from ..decoder import Request, generate
-from ..events import GenerationStats
-from ..prompts import PromptCase
-from ..sampling import SamplingParams
+from ..decoding.chat import ChatSettings, Message, prompt_tokens
+from ..decoding.decoder import Request, generate
+from ..decoding.events import GenerationStats
+from ..decoding.sampling import SamplingParams
+from .prompts import PromptCase
 
 PLAIN = "plain"
 Progress = Callable[[str, int, int], None]  # (what, done, total)

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import EdgespecError
-from .strategy import PairDefaults
+from ..errors import EdgespecError
+from ..strategy import PairDefaults
 
 StageProgress = Callable[[str, int, int], None]  # (stage, done bytes, total bytes; 0 = unknown)
 
@@ -95,6 +95,6 @@ def _available(store, spec) -> bool:
 
 def open_pair(resolved: ResolvedPair, settings):
     """Load the resolved pair (``settings``: ``EngineSettings``) into memory."""
-    from .engine.pair import ModelPair
+    from ..engine.pair import ModelPair
 
     return ModelPair(resolved.target_path, resolved.draft_path, settings)

@@ -12,10 +12,10 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from ..errors import ContextFullError
+from ..planner.tree import Planner
 from .decoder import Request, generate
-from .errors import ContextFullError
 from .events import GenerationStats, StepEvent
-from .planner.tree import Planner
 from .sampling import SamplingParams
 
 

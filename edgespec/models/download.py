@@ -31,7 +31,7 @@ from huggingface_hub.errors import (
 from huggingface_hub.file_download import http_get
 from huggingface_hub.utils import build_hf_headers
 
-from .errors import ModelStoreError
+from ..errors import ModelStoreError
 from .paths import ProgressCallback, format_bytes, require_free_space
 from .registry import HfSource, ModelSpec
 

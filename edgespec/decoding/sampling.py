@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .planner.tree import SparseDist
+from ..planner.tree import SparseDist
 
 TOP_P_PARTITION = 2048  # top-p is resolved among this many best logits when their mass suffices
 

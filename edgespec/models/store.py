@@ -26,8 +26,8 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
+from ..errors import ModelStoreError
 from . import bundled, download
-from .errors import ModelStoreError
 from .paths import ProgressCallback, format_bytes, home_dir, require_free_space, sha256_file
 from .registry import ModelSpec, PairSpec, Registry, load_registry, looks_like_path
 

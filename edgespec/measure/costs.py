@@ -35,8 +35,8 @@ from time import perf_counter
 
 import numpy as np
 
-from .paths import home_dir
-from .planner.auto import CostModel
+from ..models.paths import home_dir
+from ..planner.auto import CostModel
 
 PROFILE_VERSION = 1
 SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64)  # target verify and draft level sizes
@@ -287,7 +287,7 @@ def _context_tokens(n_vocab: int, length: int = CONTEXT_TOKENS) -> list[int]:
 
 
 def _chain_tree(tokens: Sequence[int]):
-    from .planner.tree import TreeBuilder
+    from ..planner.tree import TreeBuilder
 
     tree = TreeBuilder(tokens[0])
     node = 0
@@ -307,7 +307,7 @@ def _time_target(pair, base: list[int], n: int) -> float:
 
 
 def _time_draft_level(pair, base: list[int], n: int) -> float:
-    from .planner.tree import TreeBuilder
+    from ..planner.tree import TreeBuilder
 
     draft = pair.draft
     draft.sync(base)
