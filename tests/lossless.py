@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edgespec.planner.auto import CostModel
+from edgespec.planner.costmodel import CostModel
 from edgespec.planner.registry import AUTO, STRATEGY_NAMES, make_planner
 from edgespec.planner.tree import ChildRule, DraftTree, PlanContext, SparseDist, TreeBuilder
 from edgespec.verify import verify_sampling

@@ -10,17 +10,8 @@ from fakes import SyntheticDrafter, sparse
 
 from edgespec.decoder import Request, generate
 from edgespec.events import EmittedToken, Provenance, StepEvent, StepTimings
-from edgespec.planner.auto import (
-    COPY,
-    PLAIN,
-    PROBE,
-    SPECULATE,
-    AutoPlanner,
-    CostModel,
-    best_size,
-    ceiling,
-    simulate,
-)
+from edgespec.planner.auto import COPY, PLAIN, PROBE, SPECULATE, AutoPlanner
+from edgespec.planner.costmodel import CostModel, best_size, ceiling, simulate
 from edgespec.planner.registry import PARAM_NAMES, make_planner
 from edgespec.planner.tree import ChildRule, DraftTree, PlanContext
 from edgespec.sampling import SamplingParams

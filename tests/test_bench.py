@@ -18,8 +18,9 @@ from edgespec.bench.runner import PLAIN, PromptResult, Run
 from edgespec.commands import bench as bench_command
 from edgespec.errors import EdgespecError
 from edgespec.events import GenerationStats
-from edgespec.planner.auto import AutoPlanner, CostModel
+from edgespec.planner.auto import AutoPlanner
 from edgespec.planner.chain import ChainPlanner
+from edgespec.planner.costmodel import CostModel
 from edgespec.planner.registry import make_planner
 from edgespec.prompts import (
     PROMPT_SETS,

@@ -324,7 +324,7 @@ def test_opt_tree_expected_accept_grows_with_depth_and_delta_stops_it():
 
 
 def test_opt_tree_takes_mu_from_the_cost_profile():
-    from edgespec.planner.auto import CostModel
+    from edgespec.planner.costmodel import CostModel
 
     costs = CostModel.from_functions(lambda n: 0.1 * n, lambda n: 0.04 * n)
     planner = OptTreePlanner(budget=24)
@@ -342,7 +342,7 @@ def test_opt_tree_takes_mu_from_the_cost_profile():
 def test_opt_tree_stops_earlier_where_a_draft_level_costs_its_size():
     """On a CPU a level of m nodes costs about m decodes: μ from c_d(1) / c_t(1) would grow the tree
     deeper than its levels pay for."""
-    from edgespec.planner.auto import CostModel
+    from edgespec.planner.costmodel import CostModel
 
     per_node = CostModel.from_functions(lambda n: 1.0, lambda m: 0.05 * m)  # c_d(1) / c_t(1) = 0.05
     depths = {}

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .auto import CostModel, best_size
+from .costmodel import CostModel, best_size
 from .ngram import Copier, CopyTrie
 from .opt_tree import top_nodes
 from .tree import ChildRule, Drafter, DraftTree, PlanContext, PlanStats, SparseDist, TreeBuilder

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .auto import CostModel
+from .costmodel import CostModel
 from .tree import ChildRule, Drafter, DraftTree, PlanContext, PlanStats, TreeBuilder
 from .tsd import best_by_path_prob
 
