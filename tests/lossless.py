@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from edgespec.decoding.verify import verify_sampling
-from edgespec.planner.auto import CostModel
+from edgespec.planner.costmodel import CostModel
 from edgespec.planner.strategies import STRATEGY_NAMES
 from edgespec.planner.strategies import build as make_planner
 from edgespec.planner.tree import ChildRule, DraftTree, PlanContext, SparseDist, TreeBuilder

@@ -11,17 +11,8 @@ from fakes import SyntheticDrafter, sparse
 from edgespec.decoding.decoder import Request, generate
 from edgespec.decoding.events import EmittedToken, Provenance, StepEvent, StepTimings
 from edgespec.decoding.sampling import SamplingParams
-from edgespec.planner.auto import (
-    COPY,
-    PLAIN,
-    PROBE,
-    SPECULATE,
-    AutoPlanner,
-    CostModel,
-    best_size,
-    ceiling,
-    simulate,
-)
+from edgespec.planner.auto import COPY, PLAIN, PROBE, SPECULATE, AutoPlanner
+from edgespec.planner.costmodel import CostModel, best_size, ceiling, simulate
 from edgespec.planner.strategies import PARAM_NAMES
 from edgespec.planner.strategies import build as make_planner
 from edgespec.planner.tree import ChildRule, DraftTree, PlanContext

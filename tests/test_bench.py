@@ -16,7 +16,7 @@ from rich.console import Console
 from edgespec.commands import bench as bench_command
 from edgespec.decoding.events import GenerationStats
 from edgespec.errors import EdgespecError
-from edgespec.measure import BenchConfig, Variant, report, run_bench, schedule, summarise
+from edgespec.measure import BenchConfig, Variant, document, report, run_bench, schedule, summarise
 from edgespec.measure.prompts import (
     PROMPT_SETS,
     QUICK_PROMPTS,
@@ -26,8 +26,9 @@ from edgespec.measure.prompts import (
     prompt_set,
 )
 from edgespec.measure.runner import PLAIN, PromptResult, Run
-from edgespec.planner.auto import AutoPlanner, CostModel
+from edgespec.planner.auto import AutoPlanner
 from edgespec.planner.chain import ChainPlanner
+from edgespec.planner.costmodel import CostModel
 from edgespec.planner.strategies import build as make_planner
 
 CPU = CostModel.from_functions(lambda n: 0.057 * n, lambda n: 0.029 * n)
@@ -61,7 +62,7 @@ def fake_bench():
 
 
 def _doc(summary, **settings):
-    return report.document(
+    return document.document(
         summary,
         pair={"name": "fake", "target": {"sha256": "aa"}, "draft": {"sha256": "bb"}},
         settings={"max_tokens": 24, "temperature": 0.0, "prompts": "test", **settings},
@@ -162,9 +163,9 @@ def test_json_round_trip_and_schema(fake_bench, tmp_path):
     result, _ = fake_bench
     doc = _doc(summarise(result))
     path = tmp_path / "bench.json"
-    report.write_json(doc, path)
-    back = report.read_json(path)
-    assert back["schema"] == report.SCHEMA
+    document.write_json(doc, path)
+    back = document.read_json(path)
+    assert back["schema"] == document.SCHEMA
     assert {"hardware", "software", "pair", "settings", "baseline", "results", "per_prompt"} <= set(back)
     assert back["software"]["llama_cpp_python"]
     for entry in back["results"]:
@@ -184,7 +185,7 @@ def test_json_round_trip_and_schema(fake_bench, tmp_path):
             assert field in entry, field
     (tmp_path / "other.json").write_text(json.dumps({"schema": "nope"}))
     with pytest.raises(EdgespecError, match="not an `edgespec bench --json` file"):
-        report.read_json(tmp_path / "other.json")
+        document.read_json(tmp_path / "other.json")
 
 
 def test_plot_writes_a_png(fake_bench, tmp_path):
@@ -212,8 +213,8 @@ def test_compare_prints_the_differences(fake_bench, tmp_path, capsys):
     b["hardware"]["cpu"] = "another cpu"
     b["results"] = b["results"][:2] + [{**b["results"][2], "key": "auto:8"}]
     pa, pb = tmp_path / "a.json", tmp_path / "b.json"
-    report.write_json(a, pa)
-    report.write_json(b, pb)
+    document.write_json(a, pa)
+    document.write_json(b, pb)
     parser = argparse.ArgumentParser()
     bench_command.register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["bench", "--compare", str(pa), str(pb)])
@@ -303,7 +304,7 @@ def test_bench_command_on_the_bundled_pair(tmp_path, monkeypatch, capsys):
     assert args.run(args) == 0
     out = capsys.readouterr().out
     assert "auto vs plain: paired tokens/s ratio" in out
-    doc = report.read_json(out_json)
+    doc = document.read_json(out_json)
     entries = {e["key"]: e for e in doc["results"]}
     assert set(entries) == {"chain:3", "auto"}
     assert entries["chain:3"]["tokens"] == 8 and entries["chain:3"]["mal"] >= 1.0

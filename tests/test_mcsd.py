@@ -1,5 +1,5 @@
-"""MCSD: k-configuration shapes, sampling without replacement, the sliced layout, early stopping and
-the target-initialised variant — on synthetic distributions."""
+"""MCSD: k-configuration shapes, sampling without replacement, the engine's layout of MCSD trees,
+early stopping and the target-initialised variant — on synthetic distributions."""
 
 from __future__ import annotations
 
@@ -8,15 +8,10 @@ import pytest
 from fakes import SyntheticDrafter, sparse
 
 from edgespec.decoding.verify import verify_greedy, verify_sampling
+from edgespec.engine.layout import tree_layout
 from edgespec.errors import EdgespecError
 from edgespec.planner.earlystop import N_TOP, DecisionModel, features
-from edgespec.planner.mcsd import (
-    MCSDPlanner,
-    MCSDTargetInitPlanner,
-    build_layout,
-    layout_for,
-    slice_layout,
-)
+from edgespec.planner.mcsd import MCSDPlanner, MCSDTargetInitPlanner
 from edgespec.planner.tree import ChildRule, PlanContext
 
 CONFIGS = [(4, 2, 2, 1), (2, 4, 3, 1, 1), (3,), (1, 1, 1), (2, 3)]
@@ -30,13 +25,18 @@ def level_sizes(tree) -> list[int]:
     return np.bincount(tree.depth).tolist()
 
 
+def full_level_sizes(config) -> list[int]:
+    """Nodes per level of a k-configuration's full tree, the root's level first: (1, k1, k1·k2, …)."""
+    return np.cumprod((1, *config)).tolist()
+
+
 # -- shape -------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("config", CONFIGS)
 @pytest.mark.parametrize("sampling", [False, True])
 def test_k_config_shape(config, sampling):
     drafter = SyntheticDrafter.random(vocab=40, top_k=8, seed=len(config))
     tree = MCSDPlanner(k_config=config).plan(1, drafter, ctx(sampling))
-    assert level_sizes(tree) == list(build_layout(config).level_sizes)
+    assert level_sizes(tree) == full_level_sizes(config)
     for node in range(tree.size):
         children = tree.children(node)
         depth = int(tree.depth[node])
@@ -48,7 +48,7 @@ def test_k_config_shape(config, sampling):
             if not sampling:  # greedy: the draft's top k, in order
                 assert tokens == tree.dists[node].ids[: len(tokens)].tolist()
     assert drafter.decodes == len(config)  # one batched decode per level
-    assert tree.stats.drafted_nodes == sum(build_layout(config).level_sizes[:-1])
+    assert tree.stats.drafted_nodes == sum(full_level_sizes(config)[:-1])
 
 
 def test_first_and_second_child_follow_q_without_replacement():
@@ -73,36 +73,35 @@ def test_a_thin_distribution_gives_fewer_children_and_the_budget_caps():
     drafter = SyntheticDrafter(lambda path: sparse([0.7, 0.3]))  # only 2 candidates anywhere
     tree = MCSDPlanner(k_config=(4, 2)).plan(1, drafter, ctx(True))
     assert level_sizes(tree) == [1, 2, 4]
-    assert layout_for(tree, MCSDPlanner(k_config=(4, 2)).layout()) is None  # not the configuration's shape
     capped = MCSDPlanner(k_config=(4, 2, 2, 1), budget=10).plan(1, SyntheticDrafter.random(seed=1), ctx())
     assert capped.size == 11 and level_sizes(capped) == [1, 4, 6]
 
 
-# -- sliced layout -----------------------------------------------------------------------------------
+# -- the engine's layout of MCSD trees ---------------------------------------------------------------
 @pytest.mark.parametrize("config", CONFIGS)
-def test_sliced_layout_equals_a_fresh_one_at_every_depth(config):
-    full = build_layout(config)
-    for depth in range(len(config) + 1):
-        sliced = slice_layout(full, depth)
-        fresh = build_layout(config[:depth])
-        assert sliced.equals(fresh), f"depth {depth}"
-        assert np.array_equal(sliced.depth, sliced.ancestors.sum(axis=1) - 1)  # positions = mask row sums
-        assert sliced.leaf_member.sum(axis=0).tolist() == [depth + 1] * sliced.leaves.shape[0]
-    with pytest.raises(ValueError):
-        slice_layout(full, len(config) + 1)
-
-
-def test_layout_matches_the_planned_tree_and_its_early_stop_slice():
-    planner = MCSDPlanner(k_config=(4, 2, 2, 1))
-    tree = planner.plan(1, SyntheticDrafter.random(seed=2), ctx())
-    layout = layout_for(tree, planner.layout())
-    assert layout is not None and np.array_equal(layout.parents, tree.parents)
+def test_engine_layout_of_a_k_configuration_tree(config):
+    """What the batch needs (engine/layout.py): positions are depths, each leaf's sequence id tags
+    exactly its root path, and a recurring shape is laid out once (the paper's reuse, §3.2)."""
+    tree = MCSDPlanner(k_config=config).plan(1, SyntheticDrafter.random(vocab=40, seed=len(config)), ctx())
+    layout = tree_layout(tree.parents)
     assert np.array_equal(layout.depth, tree.depth)
-    assert planner.layout() is planner.layout()  # built once per configuration
+    assert layout.n_leaves == full_level_sizes(config)[-1]
+    for leaf_id, leaf in enumerate(tree.leaves):
+        assert {u for u in range(tree.size) if leaf_id in layout.seq_ids[u]} == set(tree.path(leaf))
+    for u in range(tree.size):
+        assert layout.leaf_below[u] in layout.seq_ids[u]
+    again = MCSDPlanner(k_config=config).plan(1, SyntheticDrafter.random(vocab=40, seed=99), ctx())
+    assert tree_layout(again.parents) is layout  # same shape, built once
+
+
+def test_an_early_stopped_tree_is_the_configuration_cut_at_a_level():
+    """Early stopping keeps a prefix of the full tree's levels: the shape of the shorter configuration."""
     stopped = MCSDPlanner(k_config=(4, 2, 2, 1), early_stop="threshold", beta=1.0).plan(
         1, SyntheticDrafter.random(seed=2), ctx()
     )
-    assert layout_for(stopped, planner.layout()).equals(slice_layout(planner.layout(), 1))
+    short = MCSDPlanner(k_config=(4,)).plan(1, SyntheticDrafter.random(seed=2), ctx())
+    assert np.array_equal(stopped.parents, short.parents)
+    assert tree_layout(stopped.parents) is tree_layout(short.parents)
 
 
 # -- early stop --------------------------------------------------------------------------------------
@@ -168,9 +167,8 @@ def test_target_init_children_come_from_the_target():
     assert {int(r) for r in tree.child_rule[1:3]} == {int(ChildRule.TOP)}  # the draft's rules below
     assert level_sizes(tree) == [1, 2, 6, 6]
     assert drafter.calls[0] == [0] and drafter.calls[1] == [1, 2]  # the draft still decodes the root first
-    assert layout_for(tree, planner.layout()) is not None
-    sampled = MCSDTargetInitPlanner(w=2, k_config=(3, 1), target_root=lambda root: target).plan(
-        1, SyntheticDrafter(drafter.dist_fn), ctx(True)
+    sampled = MCSDTargetInitPlanner(w=2, k_config=(3, 1)).plan(
+        1, SyntheticDrafter(drafter.dist_fn), ctx(True), root_dist=target
     )
     assert sampled.child_rule[0] == ChildRule.LONGEST and sampled.dists[0] is target
     assert {int(sampled.tokens[c]) for c in sampled.children(0)} <= {31, 32, 33}

@@ -9,8 +9,8 @@ from fakes import SyntheticDrafter, sparse
 from test_planners import check_tree
 
 from edgespec.decoding.events import StepEvent, StepTimings
-from edgespec.planner.auto import CostModel
 from edgespec.planner.copy_drafts import HybridPlanner, NGramPlanner
+from edgespec.planner.costmodel import CostModel
 from edgespec.planner.ngram import Copier, CopyTrie, NGramIndex, common_prefix, prior_rate
 from edgespec.planner.tree import ChildRule, PlanContext
 

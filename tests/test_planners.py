@@ -204,6 +204,19 @@ def test_gsd_merges_every_redundant_tau_gram(tau, seed):
         assert c not in graph.expanded and not graph.kids[c], "a merged node is never drafted"
 
 
+def sink_paths(graph) -> list[tuple[int, ...]]:
+    """Token sequences of every root→sink path of a GSD graph (the hypotheses it holds)."""
+    paths, stack = [], [(0, (graph.tree.tokens[0],))]
+    while stack:
+        node, tokens = stack.pop()
+        succ = graph.successors(node)
+        if not succ:
+            paths.append(tokens)
+        for nxt in succ:
+            stack.append((nxt, (*tokens, graph.tree.tokens[nxt])))
+    return paths
+
+
 @pytest.mark.parametrize("tau", [1, 2])
 @pytest.mark.parametrize("budget,depth", [(6, 4), (20, 4), (60, 4), (400, 4), (20_000, 3)])
 def test_gsd_unmerged_tree_holds_exactly_the_graph_paths(tau, budget, depth):
@@ -215,7 +228,7 @@ def test_gsd_unmerged_tree_holds_exactly_the_graph_paths(tau, budget, depth):
     _, sub = graph.unmerged_counts()
     assert tree.size == sub[0]  # the budget accounting counted the unmerged tree exactly
     leaf_paths = sorted(tuple(tree.path_tokens(leaf)) for leaf in tree.leaves)
-    assert leaf_paths == sorted(graph.sink_paths())
+    assert leaf_paths == sorted(sink_paths(graph))
     # Drafted nodes keep their indices; replicas (merged) come after them and are never drafted.
     n = graph.tree.size
     assert np.array_equal(tree.tokens[:n], graph.tree.tokens) and not tree.merged[:n].any()
@@ -325,7 +338,7 @@ def test_opt_tree_expected_accept_grows_with_depth_and_delta_stops_it():
 
 
 def test_opt_tree_takes_mu_from_the_cost_profile():
-    from edgespec.planner.auto import CostModel
+    from edgespec.planner.costmodel import CostModel
 
     costs = CostModel.from_functions(lambda n: 0.1 * n, lambda n: 0.04 * n)
     planner = OptTreePlanner(budget=24)
@@ -343,7 +356,7 @@ def test_opt_tree_takes_mu_from_the_cost_profile():
 def test_opt_tree_stops_earlier_where_a_draft_level_costs_its_size():
     """On a CPU a level of m nodes costs about m decodes: μ from c_d(1) / c_t(1) would grow the tree
     deeper than its levels pay for."""
-    from edgespec.planner.auto import CostModel
+    from edgespec.planner.costmodel import CostModel
 
     per_node = CostModel.from_functions(lambda n: 1.0, lambda m: 0.05 * m)  # c_d(1) / c_t(1) = 0.05
     depths = {}

@@ -117,11 +117,11 @@ def build_variants(args, resolved) -> list:
 
 
 def run(args) -> int:
-    from ..measure import report
+    from ..measure import document, report
 
     console = Console() if sys.stdout.isatty() else Console(width=160)  # files and pipes get whole tables
     if args.compare:
-        a, b = (report.read_json(path) for path in args.compare)
+        a, b = (document.read_json(path) for path in args.compare)
         table, notes = report.compare(a, b, names=("A", "B"))
         console.print(f"A = {args.compare[0]}\nB = {args.compare[1]}")
         console.print(table)
@@ -139,7 +139,7 @@ def run(args) -> int:
 
 
 def _bench(args: argparse.Namespace, console: Console) -> int:
-    from ..measure import BenchConfig, costs, report, run_bench, summarise
+    from ..measure import BenchConfig, costs, document, report, run_bench, summarise
     from ..measure.prompts import load_prompts
 
     cases = load_prompts(args.prompts)
@@ -170,12 +170,12 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
         with costs.progress_bar(f"bench ({len(cases)} prompts × {runs} runs)") as bar:
             result = run_bench(pair, cases, variants, config, progress=bar)
         settings = pair.settings
-        doc = report.document(
+        doc = document.document(
             summarise(result),
             pair={
                 "name": resolved.name,
-                "target": report.model_info(resolved.target_path, _registry_sha(resolved, "target")),
-                "draft": report.model_info(resolved.draft_path, _registry_sha(resolved, "draft")),
+                "target": document.model_info(resolved.target_path, _registry_sha(resolved, "target")),
+                "draft": document.model_info(resolved.draft_path, _registry_sha(resolved, "draft")),
             },
             settings={
                 "quick": bool(args.quick),
@@ -194,12 +194,12 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
                 "max_tree_nodes": settings.max_tree_nodes,
                 "repack": settings.repack,
             },
-            hardware=report.hardware_info(settings),
+            hardware=document.hardware_info(settings),
             cost_profile=profile.as_dict() if profile is not None else None,
         )
     report.print_report(doc, console)
     if args.json:
-        report.write_json(doc, args.json)
+        document.write_json(doc, args.json)
         console.print(f"[dim]wrote {args.json}[/dim]")
     if args.plot:
         report.plot(doc, args.plot)

@@ -36,7 +36,7 @@ from time import perf_counter
 import numpy as np
 
 from ..models.paths import home_dir
-from ..planner.auto import CostModel
+from ..planner.costmodel import CostModel
 
 PROFILE_VERSION = 1
 SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64)  # target verify and draft level sizes

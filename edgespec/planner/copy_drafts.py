@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import params
-from .auto import CostModel, best_size
+from .costmodel import CostModel, best_size
 from .ngram import Copier, CopyTrie
 from .opt_tree import top_nodes
 from .params import param

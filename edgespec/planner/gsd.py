@@ -4,7 +4,9 @@ Drafting is TSD's (§4: top-k children, probability and sibling pruning, level b
 addition. A node is **τ-redundant** when the τ-gram ending at it (the last τ tokens of its path)
 already ends at an earlier node f of the draft (§5.2). A redundant node c becomes a leaf that is
 never sent to the draft, and gets a merge edge to f: the hypotheses through c continue with f's
-subtree, drafted once and shared (§5.3). The draft is then a DAG — the ``TokenGraph``.
+subtree, drafted once and shared (§5.3). The draft is then a DAG — the ``TokenGraph``. The rule is
+``tau_merge_target`` (over the index of τ-grams, ``TauGrams``); what each node costs once unmerged is
+``UnmergedBudget``; ``GSDPlanner.build_graph`` is the level loop that uses both.
 
 For verification the graph is unmerged back into a tree (§5.4): under every merged node c the
 successors of f are replicated (``merged=True``; their draft probabilities copied from the
@@ -107,18 +109,6 @@ class TokenGraph:
             copies[c], sub[c] = copies[self.tree.parents[c]], sub[f]
         return copies, sub
 
-    def sink_paths(self) -> list[tuple[int, ...]]:
-        """Token sequences of every root→sink path of the graph (the hypotheses it holds)."""
-        paths, stack = [], [(0, (self.tree.tokens[0],))]
-        while stack:
-            node, tokens = stack.pop()
-            succ = self.successors(node)
-            if not succ:
-                paths.append(tokens)
-            for nxt in succ:
-                stack.append((nxt, (*tokens, self.tree.tokens[nxt])))
-        return paths
-
 
 def unmerge(graph: TokenGraph) -> TreeBuilder:
     """The verification tree: the drafted tokens keep their indices (the draft model's bookkeeping
@@ -140,6 +130,77 @@ def unmerge(graph: TokenGraph) -> TreeBuilder:
             copy = out.add(dest, src.tokens[kid], src.draft_prob[kid], merged=True)
             queue.append((graph.resolve(kid), copy))
     return out
+
+
+@dataclass
+class TauGrams:
+    """The τ-grams of the graph (§5.2): the one ending at every node (its last ≤ τ path tokens) and,
+    per full τ-gram, the ordinary nodes it ends at, oldest first — where a later node may merge."""
+
+    tau: int
+    tail: list[tuple[int, ...]]  # tail[node]: the last ≤ τ tokens of the node's path
+    ends: dict[tuple[int, ...], list[int]] = field(default_factory=dict)  # τ-gram → nodes, oldest first
+
+    @classmethod
+    def start(cls, root_token: int, tau: int) -> TauGrams:
+        grams = cls(tau, [])
+        grams.add(0, (int(root_token),)[-tau:], ordinary=True)
+        return grams
+
+    def ending_with(self, parent: int, token: int) -> tuple[int, ...]:
+        """The τ-gram a new child ``token`` of ``parent`` would end."""
+        return (*self.tail[parent], token)[-self.tau :]
+
+    def occurrences(self, gram: tuple[int, ...]) -> list[int]:
+        return self.ends.get(gram, []) if len(gram) == self.tau else []  # shorter: too near the root
+
+    def add(self, node: int, gram: tuple[int, ...], ordinary: bool) -> None:
+        self.tail.append(gram)
+        if ordinary and len(gram) == self.tau:  # merged nodes and redundant leaves are no merge targets
+            self.ends.setdefault(gram, []).append(node)
+
+
+def tau_merge_target(graph: TokenGraph, grams: TauGrams, parent: int, gram: tuple[int, ...]) -> int | None:
+    """§5.2: the node f a new child of ``parent`` ending τ-gram ``gram`` is τ-redundant with — the first
+    earlier node that τ-gram ends at — or None. An f on the child's own path is skipped: if ``parent``
+    is reachable from f, the merge edge child → f would close a cycle."""
+    return next((f for f in grams.occurrences(gram) if not graph.reaches(f, parent)), None)
+
+
+@dataclass
+class UnmergedBudget:
+    """The budget counts verified tokens, i.e. the graph unmerged into a tree (§5.4). A graph node g
+    appears copies[g] times there (once per root→g path), so a new child of p costs copies[p] tokens;
+    merging it into f costs copies[p] · sub[f] (f's subtree replicated under each copy)."""
+
+    graph: TokenGraph
+    limit: int  # verified draft tokens, root excluded
+    used: int = 0
+    copies: list[int] = field(default_factory=lambda: [1])  # copies[g] once unmerged; the root: 1
+    stale: bool = False  # a merge changed the counts since ``copies`` was computed
+
+    def left(self) -> int:
+        return self.limit - self.used
+
+    def fits(self, cost: int) -> bool:
+        return self.used + cost <= self.limit
+
+    def node_cost(self, parent: int) -> int:
+        if self.stale:
+            self.copies, _ = self.graph.unmerged_counts()
+            self.stale = False
+        return self.copies[parent]
+
+    def merge_cost(self, parent: int, f: int) -> int:
+        self.copies, sub = self.graph.unmerged_counts()
+        self.stale = False
+        return self.copies[parent] * sub[f]
+
+    def charge(self, parent: int, cost: int, merged: bool) -> None:
+        """A child of ``parent`` was added: it has as many copies as its parent."""
+        self.copies.append(self.copies[parent])
+        self.used += cost
+        self.stale = self.stale or merged
 
 
 @dataclass
@@ -172,58 +233,50 @@ class GSDPlanner(Planner):
         return tree.freeze(stats)
 
     def build_graph(self, root_token: int, drafter: Drafter, ctx: PlanContext) -> tuple[TokenGraph, int]:
-        """Draft the token graph level by level; returns it and the number of draft decodes."""
+        """Draft the token graph level by level (§5); returns it and the number of draft decodes.
+
+        Per level: expand the frontier (one draft decode), rank its children as TSD does (top-k,
+        θ_prob / θ_sib pruning), merge the τ-redundant ones, and count each against the budget.
+        """
         graph = TokenGraph(TreeBuilder(root_token))
-        tree, tau = graph.tree, self.tau
-        budget = min(self.budget, ctx.max_nodes - 1)
-        tail = [(int(root_token),)[-tau:]]  # the last ≤ τ tokens of each node's path
-        ends: dict[tuple[int, ...], list[int]] = {}  # τ-gram → the graph nodes it ends at, oldest first
-        if tau == 1:
-            ends[tail[0]] = [0]
-        verified = 0  # size of the unmerged tree, root excluded
-        copies, stale = [1], False  # copies[g]: g's copies once unmerged (stale after a merge)
+        tree = graph.tree
+        grams = TauGrams.start(root_token, self.tau)
+        budget = UnmergedBudget(graph, min(self.budget, ctx.max_nodes - 1))
         frontier, decodes = [0], 0
         for _ in range(self.max_depth):
-            frontier = best_by_path_prob(tree, frontier, budget - verified)
+            # 1. Expand a level: the frontier nodes most likely by path probability that can still fit.
+            frontier = best_by_path_prob(tree, frontier, budget.left())
             if not frontier:
                 break
             dists = drafter.expand(tree, frontier)
             graph.expanded.extend(frontier)
             decodes += 1
             grown = []
+            # 2. Rank the children, best first (TSD §4).
             for cand in ranked_children(tree, frontier, dists, self.k, self.theta_prob, self.theta_sib):
-                if verified >= budget:
+                if budget.left() <= 0:
                     break
-                if stale:
-                    copies, _ = graph.unmerged_counts()
-                    stale = False
                 parent = cand.parent
-                gram = (*tail[parent], cand.token)[-tau:]
-                seen = ends.get(gram, []) if len(gram) == tau else []
-                # The first occurrence whose merge edge would not close a cycle (one on c's own path would).
-                f = next((g for g in seen if not graph.reaches(g, parent)), None)
-                merge = f is not None
-                if merge:
-                    copies, sub = graph.unmerged_counts()
-                    cost = copies[parent] * sub[f]  # c's every copy gets a replica of f's subtree
-                    merge = verified + cost <= budget  # otherwise: a plain (redundant) leaf
+                gram = grams.ending_with(parent, cand.token)
+                # 3. τ-merge (§5.2–5.3): a τ-redundant child merges into f when f's replicas fit.
+                f = tau_merge_target(graph, grams, parent, gram)
+                merge = False
+                if f is not None:
+                    cost = budget.merge_cost(parent, f)
+                    merge = budget.fits(cost)  # otherwise: a plain (redundant) leaf
+                # 4. Count the budget: an unmerged child costs one token per copy of its parent.
                 if not merge:
-                    cost = copies[parent]
-                    if verified + cost > budget:
+                    cost = budget.node_cost(parent)
+                    if not budget.fits(cost):
                         continue  # a cheaper candidate (a parent with fewer copies) may still fit
                 child = graph.add(parent, cand.token, cand.q)
                 tree.set_children_rule(parent, ChildRule.TOP)  # deterministic top-k: one-hot rule
-                tail.append(gram)
-                copies.append(copies[parent])
-                verified += cost
+                budget.charge(parent, cost, merged=merge)
+                grams.add(child, gram, ordinary=f is None)  # new, or only repeated on its own path
                 if merge:
-                    graph.alias[child] = f  # the merge edge; c is a leaf that is never drafted
-                    stale = True
-                elif f is None:  # new, or only repeated on its own path: an ordinary node
-                    if len(gram) == tau:
-                        ends.setdefault(gram, []).append(child)
-                    if cand.grows:
-                        grown.append(child)
+                    graph.alias[child] = f  # the merge edge; the child is a leaf that is never drafted
+                elif f is None and cand.grows:
+                    grown.append(child)
                 # else: redundant, but its merge did not fit the budget — a plain leaf
             frontier = grown
         return graph, decodes

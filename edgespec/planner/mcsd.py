@@ -1,37 +1,36 @@
 """MCSD — multi-candidate speculative decoding with a static k-configuration (Yang et al. 2024), and
-the target-initialised variant with sliced masks and early stopping (Lu et al. 2024).
+the target-initialised variant with early stopping (Lu et al. 2024).
 
 **Static (``mcsd``).** A k-configuration (k_1, k_2, …) gives every node at depth i−1 exactly k_i
 children: drawn without replacement from the draft's q when the target samples (verified with the
 residual rule, ``ChildRule.SAMPLED``), the top k_i when it is greedy (``ChildRule.TOP``). One draft
-decode per level. Default (4, 2, 2, 1), the configuration Lu et al. found best (§4.1).
+decode per level. Default (4, 2, 2, 1), the configuration Lu et al. found best (§4.1). A level is cut
+short by ``budget`` (or the context's node limit), and a node gets fewer children when its
+distribution has fewer than k_i candidates.
 
 **Target-initialised (``mcsd-target-init``, the paper's (w, k_1, k_2, …)); LOSSY.** The target
-decodes the root alone first (the paper's "one more target forward pass"); its w most likely tokens
-(greedy), or w tokens sampled from its distribution, become the root's children, and the draft grows
-the k-configuration below each. The verifier checks every branch below its target token with the
-usual rules and keeps the branch accepted longest (``ChildRule.LONGEST``). Which first token is
-emitted then depends on how well the draft continues it — the output is no longer the target's (the
-paper's Table 1; under greedy the emitted token may not be the target's argmax). The planner needs
-that distribution: pass ``plan(..., root_dist=...)`` or set ``target_root`` (root token → the
-target's ``SparseDist`` after it).
-
-**Sliced topology-aware layout (§3.2).** ``build_layout`` computes the batch layout of the full
-k-configuration tree once (positions, parents, ancestor mask, leaf membership); ``slice_layout``
-cuts the layout of the same tree stopped at any depth out of it (the upper-left block of the mask),
-with no rebuilding — which is what makes a dynamic stop depth cheap.
+decodes the root alone first (the paper's "one more target forward pass"; the decoder does this for a
+planner that ``needs_target_root`` and passes the row as ``plan(..., root_dist=...)``); its w most
+likely tokens (greedy), or w tokens sampled from its distribution, become the root's children, and
+the draft grows the k-configuration below each. The verifier checks every branch below its target
+token with the usual rules and keeps the branch accepted longest (``ChildRule.LONGEST``). Which first
+token is emitted then depends on how well the draft continues it — the output is no longer the
+target's (the paper's Table 1; under greedy the emitted token may not be the target's argmax).
 
 **Early stop (§3.3).** Before each draft decode below the first level, every branch's acceptance is
 predicted; if all predictions are below β (0.4 in the paper), drafting stops. ``threshold``: the
 prediction is the node's own draft probability; ``model``: a ``DecisionModel`` on the features of
 the distribution the node was drawn from (its top-k probabilities, entropy, the chosen probability).
-"""
 
+The paper's sliced topology-aware mask (§3.2) is not built here: the planners only output the tree.
+The engine turns any tree into llama.cpp sequence ids and positions and caches that layout per tree
+shape (``edgespec.engine.layout``), so a recurring k-configuration, stopped early or not, costs its
+layout once.
+"""
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 import numpy as np
 
@@ -52,106 +51,6 @@ from .tree import (
 )
 
 EARLY_STOP_MODES = ("off", "threshold", "model")
-
-
-# -- sliced topology-aware layout -------------------------------------------------------------------
-@dataclass(frozen=True)
-class ForkLayout:
-    """The batch layout of a k-configuration tree, nodes in level order (a node's children together,
-    in the order of their parents) — the order the MCSD planners add them in."""
-
-    level_sizes: tuple[int, ...]  # nodes per level, the root's level first: (1, k1, k1·k2, …)
-    depth: np.ndarray  # (n,) position relative to the root
-    parents: np.ndarray  # (n,) parent index, -1 for the root
-    ancestors: np.ndarray  # (n, n) bool: [i, j] — j is i or an ancestor of i (row i may attend to j)
-    leaves: np.ndarray  # (L,) the leaves: one llama.cpp sequence id each
-    leaf_member: np.ndarray  # (n, L) bool: node i is on the root path of leaf l (the ids i carries)
-
-    @property
-    def size(self) -> int:
-        return int(self.parents.shape[0])
-
-    def equals(self, other: ForkLayout) -> bool:
-        return self.level_sizes == other.level_sizes and all(
-            np.array_equal(getattr(self, f), getattr(other, f))
-            for f in ("depth", "parents", "ancestors", "leaves", "leaf_member")
-        )
-
-
-def _leaf_membership(ancestors: np.ndarray, leaves: np.ndarray) -> np.ndarray:
-    return ancestors[leaves].T.copy()  # (n, L): row l of the mask, seen column-wise
-
-
-@lru_cache(maxsize=64)
-def _build_layout(config: tuple[int, ...]) -> ForkLayout:
-    parents, level, sizes = [-1], [0], [1]
-    for k in config:
-        nxt = []
-        for parent in level:
-            for _ in range(k):
-                parents.append(parent)
-                nxt.append(len(parents) - 1)
-        level = nxt
-        sizes.append(len(level))
-    n = len(parents)
-    ancestors = np.zeros((n, n), dtype=bool)
-    depth = np.zeros(n, dtype=np.int32)
-    ancestors[0, 0] = True
-    for i in range(1, n):  # a node sees what its parent sees, and itself
-        ancestors[i] = ancestors[parents[i]]
-        ancestors[i, i] = True
-        depth[i] = depth[parents[i]] + 1
-    leaves = np.arange(n - sizes[-1], n)
-    layout = ForkLayout(
-        tuple(sizes),
-        depth,
-        np.asarray(parents, dtype=np.int32),
-        ancestors,
-        leaves,
-        _leaf_membership(ancestors, leaves),
-    )
-    for name in ("depth", "parents", "ancestors", "leaves", "leaf_member"):
-        getattr(layout, name).setflags(write=False)  # shared by every caller through the cache
-    return layout
-
-
-def build_layout(config: Sequence[int]) -> ForkLayout:
-    """The layout of the full tree of a k-configuration (cached: built once per configuration)."""
-    config = tuple(int(k) for k in config)
-    if any(k < 1 for k in config):
-        raise ValueError(f"a k-configuration needs every k ≥ 1, got {config}")
-    return _build_layout(config)
-
-
-def slice_layout(layout: ForkLayout, depth: int) -> ForkLayout:
-    """The layout of the same tree stopped after ``depth`` levels, cut out of the full one.
-
-    Nodes are in level order, so the truncated tree is a prefix of n_d nodes: its mask is the
-    upper-left n_d × n_d block, its leaves the last level kept.
-    """
-    if not 0 <= depth < len(layout.level_sizes):
-        raise ValueError(f"depth {depth} outside 0..{len(layout.level_sizes) - 1}")
-    n = sum(layout.level_sizes[: depth + 1])
-    ancestors = layout.ancestors[:n, :n]
-    leaves = np.arange(n - layout.level_sizes[depth], n)
-    return ForkLayout(
-        layout.level_sizes[: depth + 1],
-        layout.depth[:n],
-        layout.parents[:n],
-        ancestors,
-        leaves,
-        _leaf_membership(ancestors, leaves),
-    )
-
-
-def layout_for(tree: DraftTree, layout: ForkLayout) -> ForkLayout | None:
-    """The slice of ``layout`` that is exactly ``tree``'s shape, or None (a level cut short by the
-    budget or by a distribution with fewer candidates than k)."""
-    ends = np.cumsum(layout.level_sizes)
-    hits = np.flatnonzero(ends == tree.size)
-    if hits.size == 0 or not np.array_equal(tree.parents, layout.parents[: tree.size]):
-        return None
-    return slice_layout(layout, int(hits[0]))
 
 
 def _load_decision_model(path: str) -> DecisionModel:
@@ -195,10 +94,6 @@ class MCSDPlanner(Planner):
     def full_config(self) -> tuple[int, ...]:
         """Children per level of the full tree, root level first."""
         return self.k_config
-
-    def layout(self) -> ForkLayout:
-        """The full tree's layout, built once; slice it with ``slice_layout`` / ``layout_for``."""
-        return build_layout(self.full_config)
 
     def describe(self) -> str:
         text = "k=" + "×".join(str(k) for k in self.full_config)
@@ -291,10 +186,9 @@ class MCSDTargetInitPlanner(MCSDPlanner):
         (4, 3, 1, 1), "draft children per node at each depth below the target's own", minimum=1
     )
     w: int = param(2, "w: candidates the target's own distribution supplies at the root", minimum=1)
-    target_root: Callable[[int], SparseDist] | None = None  # root token → the target's distribution after it
     name = "mcsd-target-init"
     lossy = True
-    needs_target_root = True  # the decoder supplies root_dist
+    needs_target_root = True  # tells the decoder to decode the root first and pass root_dist
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -308,13 +202,10 @@ class MCSDTargetInitPlanner(MCSDPlanner):
     def plan(
         self, root_token: int, drafter: Drafter, ctx: PlanContext, root_dist: SparseDist | None = None
     ) -> DraftTree:
-        if root_dist is None and self.target_root is not None:
-            root_dist = self.target_root(root_token)
         if root_dist is None:
             raise EdgespecError(
                 "mcsd-target-init needs the target's distribution after the root token "
-                "(plan(..., root_dist=...) or planner.target_root); this decoder does not provide it — "
-                "use --strategy mcsd instead."
+                "(plan(..., root_dist=...)); this decoder does not provide it — use --strategy mcsd instead."
             )
         tree = TreeBuilder(root_token)
         drafter.expand(tree, [0])  # the draft must still decode the root; its own q is not used here
