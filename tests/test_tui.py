@@ -169,7 +169,7 @@ def test_escape_cancels_at_the_next_step(tmp_path):
 
 
 def test_partial_answer_is_saved_while_streaming(tmp_path, monkeypatch):
-    monkeypatch.setattr("tui.screens.chat.SAVE_INTERVAL", 0.05)
+    monkeypatch.setattr("tui.widgets.generation.SAVE_INTERVAL", 0.05)
 
     async def scenario():
         app = make_app(tmp_path, FakeBackend(delay=0.02, repeat=20))
