@@ -14,8 +14,9 @@ import sys
 
 from edgespec.cli import build_parser
 from edgespec.decoding.chat import ChatSettings
+from edgespec.strategy import StrategyChoice
 from tui.app import ChatApp
-from tui.backend import LlamaBackend, StrategyChoice
+from tui.backend import LlamaBackend
 from tui.storage import ChatStore
 from tui.widgets.prompt import PromptInput
 

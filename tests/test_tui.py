@@ -17,8 +17,9 @@ from tui_fakes import FakeBackend, canned_answer
 
 from edgespec.decoding.events import EmittedToken, Provenance, StepEvent, StepTimings
 from edgespec.errors import ContextFullError, ModelNotFoundError, PairingError
+from edgespec.strategy import StrategyChoice
 from tui.app import ChatApp
-from tui.backend import RollingRate, StrategyChoice, provenance_runs, provenance_spans, spans_from_runs
+from tui.backend import RollingRate, provenance_runs, provenance_spans, spans_from_runs
 from tui.screens.chat import ChatScreen
 from tui.screens.dialogs import ConfirmScreen, PickScreen, TextScreen
 from tui.screens.loading import LoadingScreen

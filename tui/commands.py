@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from textual.binding import Binding
 
-from edgespec.chat import ChatSettings
+from edgespec.decoding.chat import ChatSettings
 from edgespec.errors import EdgespecError
 
 from .backend import StrategyChoice

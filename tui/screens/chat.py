@@ -19,11 +19,11 @@ from textual.screen import Screen
 from textual.widgets import Footer
 
 from edgespec.decoding.chat import ChatSettings, Message
-from edgespec.decoding.events import GenerationStats
 from edgespec.errors import EdgespecError
+from edgespec.strategy import StrategyChoice
 
 from .. import messages as msg
-from ..backend import Backend, LoadedPair, StrategyChoice, spans_from_runs
+from ..backend import Backend, LoadedPair, spans_from_runs
 from ..commands import KEYS, Commands
 from ..guards import notify_errors, when_idle
 from ..storage import ChatStore, title_from

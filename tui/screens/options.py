@@ -10,8 +10,8 @@ from textual.containers import Grid, Horizontal, Vertical
 from textual.widgets import Button, Input, Label, Select, TextArea
 
 from edgespec.decoding.chat import ChatSettings
+from edgespec.strategy import StrategyChoice
 
-from ..backend import StrategyChoice
 from .dialogs import Dialog
 
 

@@ -15,8 +15,8 @@ from time import monotonic
 from textual import on, work
 from textual.widget import Widget
 
+from edgespec.decoding.events import GenerationStats
 from edgespec.errors import EdgespecError
-from edgespec.events import GenerationStats
 
 from .. import messages as msg
 from ..backend import RollingRate, provenance_runs, provenance_spans, stats_snapshot, tree_snapshot
