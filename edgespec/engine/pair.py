@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import PairingError
-from ._llama import LLAMA_MAX_SEQ, Context, ContextSettings, Model, amx_guard, system_info
+from ..errors import EngineError, PairingError
+from ._llama import LLAMA_MAX_SEQ, Context, ContextSettings, LoraAdapter, Model, amx_guard, system_info
+from .parallel import DEFAULT_K, ParallelDrafter, check_base, read_adapter, untrained
 from .runners import CachedModel, Draft, Target
 
 
@@ -35,6 +36,7 @@ class ModelPair:
         self.settings = settings or EngineSettings()
         ctx = self.settings.context()
         self._models: list[Model] = []
+        self._adapter: LoraAdapter | None = None  # the draft's LoRA (a parallel drafter), if loaded
         try:
             target_model = self._load(target_path, self.settings.target_gpu_layers)
             self.target = Target(Context(target_model, ctx))
@@ -67,6 +69,32 @@ class ModelPair:
         """Largest tree (root included) the contexts accept."""
         return self.target.n_seq
 
+    def use_parallel_drafter(self, adapter_path: str | None = None, k: int | None = None) -> ParallelDrafter:
+        """Make the draft a ParallelSpec drafter: with the GGUF LoRA adapter at ``adapter_path`` (its
+        metadata gives K and the masks; it must have been trained on this draft), or plain with the
+        default masks (untrained; ``k`` of them, default 4). The adapter applies to the draft's context
+        only; switching forgets the draft's cache (its cells were computed with the other weights).
+        Returns what was set up: K for the planner, the masks, the adapter."""
+        if self.draft is None:
+            raise EngineError("ParallelSpec needs a draft model; this pair was loaded without one.")
+        model = self.draft.model
+        spec = read_adapter(adapter_path) if adapter_path else untrained(model.n_vocab, k or DEFAULT_K)
+        if max(spec.mask_ids) >= model.n_vocab or min(spec.mask_ids) < 0:
+            raise EngineError(f"[MASK] ids {spec.mask_ids} are outside the draft's {model.n_vocab} ids")
+        if k is not None and adapter_path and k != spec.k:
+            raise EngineError(f"the adapter {adapter_path} was trained for K = {spec.k}, not {k}")
+        if (self._adapter.path if self._adapter else None) != spec.adapter:
+            if spec.adapter:
+                check_base(spec, model.path)
+            adapter = LoraAdapter(model, spec.adapter) if spec.adapter else None
+            self.draft.ctx.use_adapter(adapter)
+            if self._adapter is not None:
+                self._adapter.close()
+            self._adapter = adapter
+            CachedModel.sync(self.draft, [])  # the base sync: Draft.sync wants a pending root token
+        self.draft.mask_ids = spec.mask_ids
+        return spec
+
     def forget(self) -> None:
         """Empty both KV caches: the next prompt is decoded from scratch, so what the caches held before
         (an earlier or cancelled answer) cannot change the next answer's tokens."""
@@ -78,6 +106,9 @@ class ModelPair:
         for runner in (getattr(self, "draft", None), getattr(self, "target", None)):
             if runner is not None:
                 runner.close()
+        if getattr(self, "_adapter", None) is not None:  # after the contexts, before its model
+            self._adapter.close()
+            self._adapter = None
         for model in self._models:
             model.close()
         self._models = []

@@ -176,6 +176,12 @@ class Drafter(Protocol):
 
     def expand(self, tree: TreeBuilder, nodes: Sequence[int]) -> list[SparseDist]: ...
 
+    def parallel_dists(self, tree: TreeBuilder, k: int) -> list[SparseDist]:
+        """ParallelSpec: one draft decode of the root and k [MASK] tokens after it; the k + 1
+        distributions of depths 1 … k + 1 (the root's row, then [MASK]_1 … [MASK]_k's). Called on a
+        tree holding only the root, instead of ``expand``; nothing is stored in ``tree.dists``."""
+        ...
+
 
 @dataclass(frozen=True)
 class PlanContext:
