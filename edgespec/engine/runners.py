@@ -135,7 +135,8 @@ class Target(CachedModel):
 
 
 class Draft(CachedModel):
-    """The draft: expands a tree level by level, one batched decode per level (the planners' Drafter)."""
+    """The draft: expands a tree level by level, one batched decode per level (the planners' Drafter),
+    or — ParallelSpec — drafts every depth at once from [MASK] tokens (``parallel_dists``)."""
 
     def __init__(self, ctx: Context, top_k: int = 32, vocab_limit: int | None = None):
         super().__init__(ctx)
@@ -201,7 +202,8 @@ class Draft(CachedModel):
         if tree.size != 1:
             raise ValueError("parallel_dists drafts from the root alone (planner bug)")
         if not 0 <= k <= len(self.mask_ids):
-            raise ValueError(f"{k} masks asked, the draft has {len(self.mask_ids)} (load_parallel_drafter)")
+            have = len(self.mask_ids)
+            raise ValueError(f"{k} masks asked, the draft has {have} (see ModelPair.use_parallel_drafter)")
         start = perf_counter()
         pending, masks = self.pending, list(self.mask_ids[:k])
         room = self.ctx.settings.n_batch - k
