@@ -196,3 +196,21 @@ def test_the_draft_without_masks_says_so():
     pair.draft.begin_step(0.0)
     with pytest.raises(ValueError, match="masks"):
         pair.draft.parallel_dists(TreeBuilder(PROMPT[-1]), 4)
+
+
+def test_depth_acceptance_counts_how_deep_accepted_paths_go():
+    from edgespec.bench.depths import DepthAcceptance
+    from edgespec.events import StepEvent, StepTimings
+
+    chain = TreeBuilder(1)
+    chain.add(chain.add(chain.add(0, 2, 0.5), 3, 0.5), 4, 0.5)
+    tree = chain.freeze()
+    result = DepthAcceptance()
+    for accepted in (0, 1, 2, 2):
+        result.add(
+            StepEvent((), "", 3, accepted, StepTimings(), tree=tree, draft_decodes=1, committed=accepted + 1)
+        )
+    assert result.rates() == [0.75, 0.5, 0.0]  # depth 3 was drafted every step, never reached
+    assert result.conditional() == [0.75, 2 / 3, 0.0]
+    summary = result.as_dict()
+    assert summary["mal"] == 2.25 and summary["draft_passes_per_step"] == 1.0

@@ -38,6 +38,12 @@ class DepthAcceptance:
         """P(the accepted path reaches depth d), d = 1, 2, … (over steps that verified a tree)."""
         return [count / self.steps for count in self.reached]
 
+    def conditional(self) -> list[float]:
+        """P(depth d accepted | depth d − 1 was): how well depth d's distribution (mask d − 1's) predicts
+        once the path above it held."""
+        above = [self.steps, *self.reached[:-1]]
+        return [count / prior if prior else 0.0 for count, prior in zip(self.reached, above)]
+
     def as_dict(self) -> dict:
         calls = self.stats.target_calls or 1
         return {
@@ -47,6 +53,7 @@ class DepthAcceptance:
             "verified_per_step": self.stats.verified_nodes / calls,
             "draft_passes_per_step": self.stats.draft_decodes / calls,
             "reached_by_depth": self.rates(),
+            "accepted_given_parent": self.conditional(),
             "tokens_per_second": self.stats.tokens_per_second,
         }
 
@@ -65,9 +72,10 @@ def measure(pair, planner, prompts: Sequence[PromptCase], max_tokens: int = 128)
 def report(label: str, result: DepthAcceptance) -> str:
     """One line: MAL, verified tokens and draft passes per step, then P(reached depth d) by depth."""
     d = result.as_dict()
-    depths = " ".join(f"d{i + 1}={r:.2f}" for i, r in enumerate(d["reached_by_depth"]))
+    pairs = zip(d["reached_by_depth"], d["accepted_given_parent"])
+    depths = " ".join(f"d{i + 1}={r:.2f} ({c:.2f})" for i, (r, c) in enumerate(pairs))
     return (
         f"{label}: MAL {d['mal']:.2f}, verified/step {d['verified_per_step']:.1f}, draft passes/step "
         f"{d['draft_passes_per_step']:.2f}, {d['tokens_per_second']:.1f} tok/s, {d['steps']} steps; "
-        f"reached: {depths}"
+        f"reached (given the depth above): {depths}"
     )
