@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import EngineError, PairingError
-from ._llama import LLAMA_MAX_SEQ, Context, ContextSettings, LoraAdapter, Model, amx_guard, system_info
+from ._llama import LLAMA_MAX_SEQ, Context, ContextSettings, Model, amx_guard, system_info
+from ._lora import LoraAdapter
 from .parallel import DEFAULT_K, ParallelDrafter, check_base, read_adapter, untrained
 from .runners import CachedModel, Draft, Target
 
