@@ -166,6 +166,11 @@ class FakePair:
         self.max_nodes = n_seq
         self.settings = EngineSettings(n_ctx=n_ctx, max_tree_nodes=n_seq - 1)
 
+    def set_up_draft(self, setup) -> None:
+        """As ``ModelPair.set_up_draft``: untrained masks are the vocabulary's last ids (no adapters)."""
+        assert not setup.adapter, "the fake pair has no LoRA adapters"
+        self.draft.mask_ids = tuple(range(VOCAB - 4, VOCAB))[: setup.masks]
+
     def close(self) -> None:
         pass
 

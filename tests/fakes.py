@@ -109,3 +109,16 @@ class SyntheticDrafter:
         self.nodes_expanded += len(nodes)
         self.calls.append(nodes)
         return dists
+
+    def parallel_dists(self, tree: TreeBuilder, k: int) -> list[SparseDist]:
+        """ParallelSpec's one pass: the distribution after the root, then after the draft's own
+        likeliest token at each of the k depths below (a parallel drafter's guess at what comes between)."""
+        path = [int(tree.tokens[0])]
+        dists = [self.dist_fn(tuple(path))]
+        for _ in range(k):
+            path.append(int(dists[-1].ids[0]))
+            dists.append(self.dist_fn(tuple(path)))
+        self.tree = tree
+        self.decodes += 1
+        self.nodes_expanded += k + 1
+        return dists

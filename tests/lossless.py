@@ -62,6 +62,7 @@ PARAMS: dict[str, dict] = {
     "mcsd": {"k_config": "4,1,1"},
     "mcsd-target-init": {"w": 2, "k_config": "3,1"},
     "auto": {"budget": 16},
+    "parallelspec": {"k": 4, "budget": 10},
 }
 # For planners that take cost curves (auto, OPT-Tree's μ): a verify costs the same at any size and
 # drafting next to nothing, so trees grow deep.
@@ -115,6 +116,14 @@ class MarkovDrafter:
         dists = [self.pair.draft[tree.tokens[node]] for node in nodes]
         for node, dist in zip(nodes, dists):
             tree.dists[node] = dist
+        return dists
+
+    def parallel_dists(self, tree: TreeBuilder, k: int) -> list[SparseDist]:
+        """ParallelSpec's k + 1 per-depth distributions: the draft after the root, then after the
+        draft's own likeliest token at each depth (a parallel drafter's guess at what comes between)."""
+        dists = [self.pair.draft[tree.tokens[0]]]
+        for _ in range(k):
+            dists.append(self.pair.draft[int(dists[-1].ids[0])])
         return dists
 
 

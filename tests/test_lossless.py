@@ -96,3 +96,14 @@ def test_node_streams_are_distinct_where_the_old_seeding_collided():
     assert len(set(draws.values())) == len(paths)
     assert node_rng(seed, (5, 0)).random() == node_rng(seed, (5, 0)).random()  # a function of the node
     assert node_rng(2**32, (5,)).random() != node_rng(0, (1, 5)).random()  # the seed is fixed-width
+
+
+def test_harness_catches_parallelspec_children_not_drawn_from_q(monkeypatch):
+    """Sampling trees whose children are the top tokens but verified as draws: the residual rule
+    assumes a draw from q that never happened."""
+    from edgespec.planner import parallel
+
+    monkeypatch.setattr(parallel, "draw_order", lambda dist, seed, path: dyspec.draw_order(dist, None, path))
+    result = run(planner_for("parallelspec", PAIR), PAIR, steps=DEFECT_STEPS, seed=5)
+    print(f"\ntop tokens as draws: p(first) = {result.p_first:.3g}, p(later) = {result.p_later:.3g}")
+    assert not result.passed

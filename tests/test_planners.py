@@ -448,6 +448,7 @@ def test_make_planner_defaults_and_overrides():
         "mcsd-target-init",
         "ngram",
         "hybrid",
+        "parallelspec",
     }
     gsd = make_planner("gsd", {"tau": "3", "theta-prob": 0.1, "budget": None, "gamma": 9})  # gamma: chain's
     assert (gsd.tau, gsd.theta_prob, gsd.budget, gsd.k) == (3, 0.1, 32, 4)

@@ -47,6 +47,7 @@ def generate(
     start = perf_counter()
     pair.target.sync(request.prompt[:-1])
     if planner is not None and planner.needs_draft:
+        pair.set_up_draft(planner.draft_setup())  # the plain draft, or a parallel drafter (ParallelSpec)
         pair.draft.sync(request.prompt)
     prefill = perf_counter() - start
     root = int(request.prompt[-1])

@@ -9,6 +9,7 @@ exp pass for the normaliser.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -81,22 +82,29 @@ def _logsumexp(x: np.ndarray) -> float:
     return float(peak + np.log(np.exp(x - peak).sum()))
 
 
-def draft_dists(logits_rows: np.ndarray, k: int, temperature: float, vocab_limit: int) -> list[SparseDist]:
+def draft_dists(
+    logits_rows: np.ndarray, k: int, temperature: float, vocab_limit: int, exclude: Sequence[int] = ()
+) -> list[SparseDist]:
     """Top-k candidates of each row of a (rows, V) logits block, with full-softmax probabilities.
 
     ``temperature`` is the draft's softmax temperature (1.0 when the target is greedy, where the
     probabilities only rank and estimate acceptance). Ids ≥ ``vocab_limit`` (tokens the target's
-    vocabulary lacks) are never proposed. Candidates are ordered by logit, descending; equal logits
-    by id, ascending — exactly ``np.argsort(-row, kind="stable")[:k]``.
+    vocabulary lacks) and ids in ``exclude`` (ParallelSpec's [MASK] tokens) are never proposed.
+    Candidates are ordered by logit, descending; equal logits by id, ascending — exactly
+    ``np.argsort(-row, kind="stable")`` without the excluded ids, cut to k.
     """
     rows = logits_rows[:, :vocab_limit]  # (R, V) float32, usually a view of llama.cpp's buffer
+    banned = np.unique(np.asarray(exclude, dtype=np.int32))
     k = min(k, rows.shape[1])
-    groups = _Groups(rows, k)
+    pool = min(k + banned.size, rows.shape[1])  # the top k + |exclude| hold the top k allowed ids
+    groups = _Groups(rows, pool)
     scratch = np.empty(rows.shape[1], dtype=np.float32)  # one row at a time: stays in cache
     dists = []
     for r, row in enumerate(rows):
         peak = groups.peak[r]  # m
-        top_ids = _top_ids(row, groups.survivors(r), k)
+        top_ids = _top_ids(row, groups.survivors(r), pool)
+        if banned.size:
+            top_ids = top_ids[~np.isin(top_ids, banned)][:k]
         # p_i = exp((l_i − m)/T) / Z, the candidates' own terms in float64.
         scaled = (row[top_ids].astype(np.float64) - peak) / temperature
         probs = np.exp(scaled - _log_normaliser(row, peak, temperature, scratch))

@@ -9,16 +9,21 @@ from ._llama import (
     system_info,
 )
 from .pair import EngineSettings, ModelPair, check_pairing
+from .parallel import DEFAULT_K, DEFAULT_MASK_IDS, ParallelDrafter, read_adapter
 from .runners import Draft, Target
 
 __all__ = [
+    "DEFAULT_K",
+    "DEFAULT_MASK_IDS",
     "ContextSettings",
     "Draft",
     "EngineSettings",
     "Model",
     "ModelPair",
+    "ParallelDrafter",
     "backend_versions",
     "compiled_features",
+    "read_adapter",
     "Target",
     "check_pairing",
     "supports_gpu_offload",

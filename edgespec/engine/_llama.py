@@ -14,11 +14,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from time import perf_counter
+from typing import TYPE_CHECKING
 
 import llama_cpp as C
 import numpy as np
 
 from ..errors import EngineError
+
+if TYPE_CHECKING:
+    from ._lora import LoraAdapter
 
 LLAMA_MAX_SEQ = 256  # llama.cpp's compile-time limit on sequence ids per context
 _BACKEND_READY = False
@@ -334,6 +338,19 @@ class Context:
             view = np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_vocab))
         view.flags.writeable = False
         return view
+
+    def use_adapter(self, adapter: LoraAdapter | None, scale: float = 1.0) -> None:
+        """Apply ``adapter`` to this context's decodes from now on (None: no adapter). The KV cache is
+        not recomputed: cells decoded before the change keep the old weights' values."""
+        with self._owner:
+            self._live()
+            if adapter is None:
+                C.llama_set_adapters_lora(self.ptr, None, 0, None)
+                return
+            adapter._live()
+            adapters = (C.llama_adapter_lora_p_ctypes * 1)(adapter.ptr)
+            scales = (ctypes.c_float * 1)(scale)
+            C.llama_set_adapters_lora(self.ptr, adapters, 1, scales)
 
     # -- KV memory --------------------------------------------------------------------------------
     def seq_rm(self, seq: int, p0: int, p1: int = -1) -> None:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import PairingError
+from ..errors import EngineError, PairingError
+from ..planner.tree import DraftSetup
 from ._llama import LLAMA_MAX_SEQ, Context, ContextSettings, Model, amx_guard, system_info
+from ._lora import LoraAdapter
+from .parallel import ParallelDrafter, check_base, read_adapter, untrained
 from .runners import CachedModel, Draft, Target
 
 
@@ -35,6 +38,7 @@ class ModelPair:
         self.settings = settings or EngineSettings()
         ctx = self.settings.context()
         self._models: list[Model] = []
+        self._adapter: LoraAdapter | None = None  # the draft's LoRA (a parallel drafter), if loaded
         try:
             target_model = self._load(target_path, self.settings.target_gpu_layers)
             self.target = Target(Context(target_model, ctx))
@@ -70,6 +74,47 @@ class ModelPair:
     def context_used(self) -> int:
         """Tokens in the target's cache (prompt + answer so far)."""
         return len(self.target.committed)
+    def set_up_draft(self, setup: DraftSetup) -> ParallelDrafter | None:
+        """Make the draft what a planner drafts with (``Planner.draft_setup``): the plain draft, or a
+        ParallelSpec drafter — with the GGUF LoRA adapter ``setup.adapter`` (its metadata gives K and
+        the masks; it must have been trained on this draft), or plain with ``setup.masks`` untrained
+        masks. The adapter applies to the draft's context only; switching forgets the draft's cache
+        (its cells were computed with other weights). Nothing happens when nothing changes. Returns
+        the parallel drafter set up, if any."""
+        if self.draft is None:
+            if setup.masks:
+                raise EngineError("ParallelSpec needs a draft model; this pair was loaded without one.")
+            return None
+        if not setup.masks:
+            self._use_adapter(None)
+            self.draft.mask_ids = ()
+            return None
+        model = self.draft.model
+        spec = read_adapter(setup.adapter) if setup.adapter else untrained(model.n_vocab, setup.masks)
+        if max(spec.mask_ids) >= model.n_vocab or min(spec.mask_ids) < 0:
+            raise EngineError(f"[MASK] ids {spec.mask_ids} are outside the draft's {model.n_vocab} ids")
+        if setup.masks > spec.k:
+            raise EngineError(
+                f"the adapter {setup.adapter} was trained with K = {spec.k} masks: use --k {spec.k} or fewer"
+            )
+        if spec.adapter and self._adapter_path() != spec.adapter:
+            check_base(spec, model.path)
+        self._use_adapter(spec.adapter)
+        self.draft.mask_ids = spec.mask_ids
+        return spec
+
+    def _adapter_path(self) -> str | None:
+        return self._adapter.path if self._adapter is not None else None
+
+    def _use_adapter(self, path: str | None) -> None:
+        if self._adapter_path() == path:
+            return
+        adapter = LoraAdapter(self.draft.model, path) if path else None
+        self.draft.ctx.use_adapter(adapter)
+        if self._adapter is not None:
+            self._adapter.close()
+        self._adapter = adapter
+        CachedModel.sync(self.draft, [])  # the base sync: Draft.sync wants a pending root token
 
     def forget(self) -> None:
         """Empty both KV caches: the next prompt is decoded from scratch, so what the caches held before
@@ -82,6 +127,9 @@ class ModelPair:
         for runner in (getattr(self, "draft", None), getattr(self, "target", None)):
             if runner is not None:
                 runner.close()
+        if getattr(self, "_adapter", None) is not None:  # after the contexts, before its model
+            self._adapter.close()
+            self._adapter = None
         for model in self._models:
             model.close()
         self._models = []

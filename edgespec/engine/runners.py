@@ -135,13 +135,15 @@ class Target(CachedModel):
 
 
 class Draft(CachedModel):
-    """The draft: expands a tree level by level, one batched decode per level (the planners' Drafter)."""
+    """The draft: expands a tree level by level, one batched decode per level (the planners' Drafter),
+    or — ParallelSpec — drafts every depth at once from [MASK] tokens (``parallel_dists``)."""
 
     def __init__(self, ctx: Context, top_k: int = 32, vocab_limit: int | None = None):
         super().__init__(ctx)
         self.top_k = top_k  # candidates kept per distribution (q is this top-k, renormalised)
         self.vocab_limit = vocab_limit or ctx.n_vocab  # never propose ids the target lacks
         self.temperature = 1.0
+        self.mask_ids: tuple[int, ...] = ()  # ParallelSpec's [MASK]_1 … [MASK]_K: never proposed
         self.pending: list[int] = []  # tokens the target committed that the draft has not decoded
         self.decode_seconds = 0.0  # time inside llama_decode this step (the rest is planner work)
         self.decodes = 0
@@ -182,9 +184,51 @@ class Draft(CachedModel):
             rows = self._decode_level(tree, nodes)
         self.decode_seconds += perf_counter() - start
         self.decodes += 1
-        dists = draft_dists(rows, self.top_k, self.temperature, self.vocab_limit)
+        dists = draft_dists(rows, self.top_k, self.temperature, self.vocab_limit, self.mask_ids)
         for node, dist in zip(nodes, dists):
             tree.dists[node] = dist
+        return dists
+
+    def parallel_dists(self, tree: TreeBuilder, k: int) -> list[SparseDist]:
+        """ParallelSpec's draft pass: the pending tokens (ending with the root) and [MASK]_1 … [MASK]_k
+        in one decode; returns the k + 1 distributions of depths 1 … k + 1 (the root's row, then each
+        mask's). Afterwards the pending tokens are committed and the mask cells are gone: the cache is
+        exactly as if only the pending tokens had been decoded.
+
+        The masks carry sequence id 0 only: they see the committed prefix (every committed cell carries
+        id 0) and each other, and removing positions past the root from every sequence removes them and
+        nothing else (no speculative cell outlives a step). Counts as one draft decode.
+        """
+        if tree.size != 1:
+            raise ValueError("parallel_dists drafts from the root alone (planner bug)")
+        if not 0 <= k <= len(self.mask_ids):
+            have = len(self.mask_ids)
+            raise ValueError(f"{k} masks asked, the draft has {have} (see ModelPair.set_up_draft)")
+        start = perf_counter()
+        pending, masks = self.pending, list(self.mask_ids[:k])
+        room = self.ctx.settings.n_batch - k
+        if len(pending) > room:  # a long catch-up (rare): all but the batch's worth first
+            self.decode_committed(pending[:-room], want_last=False)
+            self.decodes += 1
+            pending = pending[-room:]
+        base = len(self.committed)
+        n = len(pending)
+        self.ctx.decode(
+            pending + masks,
+            range(base, base + n + k),
+            [self.tagged_seqs] * n + [(0,)] * k,
+            [i >= n - 1 for i in range(n + k)],  # the root's row and every mask's
+        )
+        rows = self.ctx.logits_rows(k + 1)  # (k + 1, V)
+        dists = draft_dists(rows, self.top_k, self.temperature, self.vocab_limit, self.mask_ids)
+        self.ctx.seq_rm(-1, base + n)  # the mask cells: the only cells past the root
+        self.committed.extend(int(t) for t in pending)
+        self.pending = []
+        self._root_pos = len(self.committed) - 1
+        self._node_seq[0] = None
+        self._path_seq[(tree.tokens[0],)] = None  # the root is committed; nothing else was decoded
+        self.decode_seconds += perf_counter() - start
+        self.decodes += 1
         return dists
 
     def _decode_level(self, tree: TreeBuilder, nodes: Sequence[int]) -> np.ndarray:

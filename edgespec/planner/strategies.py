@@ -26,6 +26,7 @@ from .dyspec import DySpecPlanner
 from .gsd import GSDPlanner
 from .mcsd import MCSDPlanner, MCSDTargetInitPlanner
 from .opt_tree import OptTreePlanner
+from .parallel import ParallelSpecPlanner
 from .params import Param, StrategyError, params_of
 from .tree import Planner
 from .tsd import TSDPlanner
@@ -95,6 +96,11 @@ _TABLE = (
         HybridPlanner,
         "copies from the conversation and the draft's tree in one token graph, grown by p̂",
         "edgespec: OPT-Tree growth over GSD-style merged copy + draft candidates",
+    ),
+    Strategy(
+        ParallelSpecPlanner,
+        "one draft pass reads K [MASK] tokens: K + 1 distributions, the tree is their best product paths",
+        "Xiao et al. 2024 (ParallelSpec), Alg. 1 and §4.2",
     ),
     Strategy(
         MCSDTargetInitPlanner,

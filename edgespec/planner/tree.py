@@ -182,6 +182,12 @@ class Drafter(Protocol):
 
     def expand(self, tree: TreeBuilder, nodes: Sequence[int]) -> list[SparseDist]: ...
 
+    def parallel_dists(self, tree: TreeBuilder, k: int) -> list[SparseDist]:
+        """ParallelSpec: one draft decode of the root and k [MASK] tokens after it; the k + 1
+        distributions of depths 1 … k + 1 (the root's row, then [MASK]_1 … [MASK]_k's). Called on a
+        tree holding only the root, instead of ``expand``; nothing is stored in ``tree.dists``."""
+        ...
+
 
 @dataclass(frozen=True)
 class PlanContext:
@@ -198,6 +204,16 @@ class PlanContext:
     fresh: bool = True
 
 
+@dataclass(frozen=True)
+class DraftSetup:
+    """What a planner needs the draft model to be for it: the plain draft (the default), or a
+    parallel drafter (ParallelSpec) with ``masks`` [MASK] tokens per pass and, when trained, the GGUF
+    LoRA ``adapter`` that taught it to read them ("": untrained masks)."""
+
+    masks: int = 0
+    adapter: str = ""
+
+
 class Planner:
     """A drafting strategy: grows a tree from the pending root token. Planners are dataclasses that
     derive from this class; their user-settable fields are ``params.param`` fields.
@@ -210,6 +226,7 @@ class Planner:
       ``root_dist`` (mcsd-target-init).
     - ``wants_costs``: ``use_costs`` takes the pair's measured cost curves (auto, OPT-Tree's μ, n-gram).
     - ``observe``: sees every finished step (planners that learn from outcomes); by default ignores it.
+    - ``draft_setup``: the draft model it needs (the plain draft, or a parallel drafter with masks).
     """
 
     name: ClassVar[str]
@@ -231,6 +248,10 @@ class Planner:
 
     def observe(self, event: StepEvent) -> None:
         """Learn from a finished step (its tree, accepted path and timings). Most planners do not."""
+
+    def draft_setup(self) -> DraftSetup:
+        """The draft model this planner drafts with (set up by the engine before each answer)."""
+        return DraftSetup()
 
 
 def node_rng(step_seed: int, path: Sequence[int]) -> np.random.Generator:

@@ -1,0 +1,73 @@
+"""ParallelSpec on the real bundled pair with untrained masks (no adapter): the mechanism, not the gain.
+
+Greedy: the output equals plain decoding up to a near-tie within the measured batch noise (see
+realmodels.py), with exactly one draft pass per step, trees at most K + 1 deep and no [MASK] id ever
+drafted. Sampling: the children are draws (residual rule) and every token lies in the target's nucleus.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from realmodels import chat_prompt, first_divergence
+
+from edgespec.decoding.decoder import Request, generate
+from edgespec.decoding.sampling import SamplingParams, target_probs
+from edgespec.planner.parallel import ParallelSpecPlanner
+from edgespec.planner.tree import ChildRule, DraftSetup
+
+pytestmark = pytest.mark.model
+
+TOKENS = 48
+
+
+@pytest.fixture
+def parallel_pair(pair):
+    spec = pair.set_up_draft(DraftSetup(masks=4))  # untrained: the default masks, no adapter
+    yield pair, spec
+    pair.set_up_draft(DraftSetup())  # the session's pair goes back to a plain draft
+
+
+def test_greedy_equals_plain_decoding_in_one_draft_pass_per_step(parallel_pair, plain_runs, batch_noise):
+    pair, spec = parallel_pair
+    flips = steps = accepted = 0
+    for text, (plain_tokens, plain_margins) in plain_runs.items():
+        request = Request(prompt=chat_prompt(pair, text), max_tokens=TOKENS)
+        events = [
+            e for e in generate(pair, ParallelSpecPlanner(k=spec.k, budget=12), request) if e.verified_nodes
+        ]
+        tokens = [t.id for e in events for t in e.tokens]
+        assert all(e.draft_decodes == 1 and e.depth <= spec.k + 1 for e in events)
+        assert not {int(t) for e in events for t in e.tree.tokens[1:]} & set(spec.mask_ids)
+        steps += len(events)
+        accepted += sum(e.accepted for e in events)
+        if first_divergence(tokens, plain_tokens, plain_margins, batch_noise, text) is None:
+            assert tokens == plain_tokens[: len(tokens)]
+        else:
+            flips += 1
+    print(f"\nparallelspec (untrained): MAL {1 + accepted / steps:.2f} over {steps} steps; {flips} flips")
+    assert accepted > 0  # depth 1 is the draft's ordinary next-token row
+
+
+def test_sampling_draws_children_and_stays_in_the_nucleus(parallel_pair):
+    pair, spec = parallel_pair
+    params = SamplingParams(temperature=0.8, top_p=0.9, seed=2)
+    rows: list[np.ndarray] = []
+    original = pair.target.verify
+
+    def recording_verify(tree, *args):
+        layout, logits = original(tree, *args)
+        rows.append(logits.copy())
+        return layout, logits
+
+    request = Request(
+        prompt=chat_prompt(pair, "Name three uses of a paperclip."), max_tokens=24, sampling=params
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pair.target, "verify", recording_verify)
+        events = [e for e in generate(pair, ParallelSpecPlanner(k=spec.k), request) if e.verified_nodes]
+    assert sum(len(e.tokens) for e in events) == 24 and len(events) == len(rows)
+    for event, logits in zip(events, rows):
+        assert set(event.tree.child_rule.tolist()) <= {ChildRule.NONE, ChildRule.SAMPLED}
+        for k, token in enumerate(event.tokens):
+            assert target_probs(logits[event.accepted_path[k]], params)[token.id] > 0.0
