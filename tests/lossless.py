@@ -50,7 +50,17 @@ STEPS = 111_000  # see the module docstring: a 0.005 shift in any first-token fr
 MAX_POSITION = 4  # positions ≥ 4 in a step share a stratum (by previous token)
 MIN_EXPECTED = 5.0  # chi-square strata with a smaller expected count in some cell are left out
 
-STRATEGIES = (*STRATEGY_NAMES, "auto")  # every registered strategy; new ones are picked up here
+# Planners checked under a name of their own: auto weighing one-pass ParallelSpec trees, with costs
+# where a draft level costs half a verify and one pass over pending tokens + masks next to nothing.
+VARIANTS = {  # name → (strategy, parameters, cost curves, conversation history)
+    "auto-parallel": (
+        "auto",
+        {"budget": 10, "masks": 3},
+        CostModel.from_functions(lambda n: 1.0, lambda n: 0.5, lambda n: 0.001),
+        (),  # nothing to copy: the one-pass tree is auto's best step
+    ),
+}
+STRATEGIES = (*STRATEGY_NAMES, "auto", *VARIANTS)  # every registered strategy; new ones are picked up here
 # Parameters that give each strategy ≥ 2 siblings and depth ≥ 3 on this pair in a small tree;
 # a strategy not listed gets {"budget": 10}.
 PARAMS: dict[str, dict] = {
@@ -128,9 +138,10 @@ class MarkovDrafter:
 
 
 def planner_for(name: str, pair: SyntheticPair):
-    planner = make_planner(name, PARAMS.get(name, {"budget": 10}))
+    strategy, params, costs, _ = VARIANTS.get(name, (name, PARAMS.get(name, {"budget": 10}), COSTS, None))
+    planner = make_planner(strategy, params)
     if planner.wants_costs:
-        planner.use_costs(COSTS)
+        planner.use_costs(costs)
     return planner
 
 
@@ -139,8 +150,13 @@ def planner_for(name: str, pair: SyntheticPair):
 HISTORY = (1, 2, ROOT, 7, 8, 9, 3, 4, ROOT, 0, 1, 2, 6, 11, ROOT, 7, 8, 10, 12, 13, 1, 2)
 
 
-def _plan(planner, pair: SyntheticPair, rng: np.random.Generator) -> DraftTree:
-    ctx = PlanContext(sampling=True, rng=rng, max_nodes=64, history=HISTORY, fresh=True)
+def history_for(name: str) -> tuple[int, ...]:
+    """The conversation a strategy plans in (copying planners find continuations in HISTORY)."""
+    return VARIANTS[name][3] if name in VARIANTS else HISTORY
+
+
+def _plan(planner, pair: SyntheticPair, rng: np.random.Generator, history=HISTORY) -> DraftTree:
+    ctx = PlanContext(sampling=True, rng=rng, max_nodes=64, history=history, fresh=True)
     if planner.needs_target_root:  # the target's own candidates at the root
         p = pair.target[ROOT]
         order = np.argsort(-p, kind="stable").astype(np.int32)
@@ -175,16 +191,17 @@ def run(
     steps: int = STEPS,
     seed: int = 0,
     verify: Callable = verify_sampling,
+    history: tuple[int, ...] = HISTORY,
 ) -> Run:
     """``steps`` planning + verification steps from ROOT; counts, coverage and the two p-values."""
     rng = np.random.default_rng(seed)
     out = Run(first=np.zeros(V, dtype=np.int64), later=np.zeros((MAX_POSITION - 1, V, V), dtype=np.int64))
-    fixed = _plan(planner, pair, rng)
+    fixed = _plan(planner, pair, rng, history)
     deterministic = set(fixed.child_rule.tolist()) <= {ChildRule.NONE, ChildRule.TOP}
-    again = _plan(planner, pair, np.random.default_rng(seed + 1))  # another stream: the same tree?
+    again = _plan(planner, pair, np.random.default_rng(seed + 1), history)  # another stream: the same tree?
     out.fresh_trees = not (deterministic and _shape(again) == _shape(fixed))
     for _ in range(steps):
-        tree = _plan(planner, pair, rng) if out.fresh_trees else fixed
+        tree = _plan(planner, pair, rng, history) if out.fresh_trees else fixed
         verdict = verify(tree, lambda node, tokens=tree.tokens: pair.target[tokens[node]], rng)
         emitted = [ROOT, *(int(tree.tokens[node]) for node in verdict.path[1:]), verdict.next_token]
         out.first[emitted[1]] += 1

@@ -11,7 +11,7 @@ from fakes import SyntheticDrafter, sparse
 from edgespec.decoding.decoder import Request, generate
 from edgespec.decoding.events import EmittedToken, Provenance, StepEvent, StepTimings
 from edgespec.decoding.sampling import SamplingParams
-from edgespec.planner.auto import COPY, PLAIN, PROBE, SPECULATE, AutoPlanner
+from edgespec.planner.auto import COPY, PARALLEL, PLAIN, PROBE, SPECULATE, AutoPlanner
 from edgespec.planner.costmodel import CostModel, best_size, ceiling, simulate
 from edgespec.planner.strategies import PARAM_NAMES
 from edgespec.planner.strategies import build as make_planner
@@ -88,7 +88,7 @@ def test_compute_bound_never_drafts_even_with_a_perfect_draft():
         tree = planner.plan(7, drafter, ctx())
         assert tree.size == 1
     assert drafter.decodes == 0  # not even probes: nothing to learn when nothing could pay
-    assert planner.steps == {PLAIN: 50, SPECULATE: 0, PROBE: 0, COPY: 0}
+    assert planner.steps == {PLAIN: 50, SPECULATE: 0, PROBE: 0, COPY: 0, PARALLEL: 0}
 
 
 def test_cheap_small_batches_allow_only_tiny_trees():
@@ -322,3 +322,48 @@ def test_auto_copies_on_the_engine_and_equals_plain_decoding():
     assert [t.id for e in events for t in e.tokens] == _plain(prompt=echo)
     assert planner.steps[COPY] > 0 and planner.steps[SPECULATE] == 0
     assert any(t.provenance is Provenance.COPIED for e in events for t in e.tokens)
+
+
+# -- one-pass trees (ParallelSpec) ------------------------------------------------------------------
+def one_pass_costs() -> CostModel:
+    """A GPU-like pair whose draft is slow per level but cheap per pass: verifying ≤ 16 tokens costs one
+    decode, a draft level 0.6 of it, one catch-up pass over a few tokens 0.7 of it."""
+    return CostModel.from_functions(
+        lambda n: 0.010 if n <= 16 else 0.010 + 0.001 * (n - 16),
+        lambda n: 0.006,
+        lambda n: 0.007 + 0.0001 * n,
+    )
+
+
+def test_auto_drafts_one_pass_trees_where_they_pay_and_learns_from_them():
+    planner = AutoPlanner(costs=one_pass_costs(), masks=4)
+    assert planner.draft_setup().masks == 4
+    modes = []
+    for _ in range(12):
+        drafter = confident(q=0.8)
+        tree = planner.plan(7, drafter, ctx())
+        modes.append(planner._mode)
+        if planner._mode == PARALLEL:
+            assert drafter.decodes == 1 and tree.stats.draft_decodes == 1  # one pass, whatever the size
+            assert tree.size > 2 and int(tree.depth.max()) <= 5  # at most K + 1 deep
+            planner.observe(_verified(tree, 3, 0.007, 0.010))
+    assert modes.count(PARALLEL) >= 10
+    assert planner.par_size > 2 and "one-pass tree" in planner.describe()  # it learned the sizes it chose
+    # without masks the same pair drafts level by level; on a compute-bound CPU, never at all
+    plain_auto = AutoPlanner(costs=one_pass_costs())
+    plain_auto.plan(7, confident(q=0.8), ctx())
+    assert plain_auto._mode != PARALLEL and plain_auto.draft_setup().masks == 0
+    cpu = AutoPlanner(costs=CPU, masks=4)
+    for _ in range(5):
+        cpu.plan(7, confident(q=0.99), ctx())
+    assert cpu.steps[PARALLEL] == 0 and cpu.steps[PLAIN] == 5
+
+
+def test_one_pass_forecast_follows_what_the_masks_deliver():
+    planner = AutoPlanner(costs=one_pass_costs(), masks=4)
+    tree = planner.plan(7, confident(q=0.8), ctx())
+    assert planner._mode == PARALLEL
+    for _ in range(60):  # the masks' trees are never accepted: the forecast must give them up
+        planner.observe(_verified(tree, 0, 0.007, 0.010))
+    planner.plan(7, confident(q=0.8), ctx())
+    assert planner._mode != PARALLEL

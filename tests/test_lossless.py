@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from lossless import ROOT, STEPS, STRATEGIES, make_pair, planner_for, run
+from lossless import ROOT, STEPS, STRATEGIES, history_for, make_pair, planner_for, run
 
 from edgespec.decoding import verify
 from edgespec.planner import dyspec
@@ -25,7 +25,8 @@ DEFECT_STEPS = STEPS // 4  # the planted defects are caught with a quarter of it
 @pytest.mark.parametrize("name", STRATEGIES)
 def test_strategy_is_lossless_or_flagged_lossy(name):
     planner = planner_for(name, PAIR)
-    result = run(planner, PAIR, steps=LOSSY_STEPS if planner.lossy else STEPS, seed=1)
+    steps = LOSSY_STEPS if planner.lossy else STEPS
+    result = run(planner, PAIR, steps=steps, seed=1, history=history_for(name))
     print(f"\n{name}: p(first) = {result.p_first:.3g}, p(later) = {result.p_later:.3g}")
     assert result.max_depth >= 3, f"{name}: give it parameters (lossless.PARAMS) that reach depth 3"
     if planner.lossy:
@@ -39,7 +40,7 @@ def test_strategy_is_lossless_or_flagged_lossy(name):
 def test_the_pair_exercises_every_sibling_count():
     seen = set()
     for name in STRATEGIES:
-        seen |= run(planner_for(name, PAIR), PAIR, steps=20, seed=2).siblings
+        seen |= run(planner_for(name, PAIR), PAIR, steps=20, seed=2, history=history_for(name)).siblings
     assert {1, 2, 3, 4} <= seen
     assert all(d.probs.sum() < 0.99 for d in PAIR.draft)  # top-K truncation: q must be renormalised
     assert PAIR.target[ROOT].max() <= 0.07  # the sample size relies on it

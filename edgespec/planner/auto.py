@@ -26,7 +26,12 @@ profile, see ``edgespec.measure.costs``). Plain decoding is the tree with only t
    nodes, w chosen the same way, children predicted from the average distribution) only when that
    forecast beats stopping now.
 
-5. **Copies.** Every step also looks up continuations in the conversation (``ngram.Copier``): free
+5. **One-pass trees (ParallelSpec, ``masks`` = K > 0).** One draft pass over the pending tokens and
+   K masks gives K + 1 per-depth distributions; the tree is their best product paths, sized with that
+   pass, c_k(pending + K), as the drafting time. Forecast (1 + r_par·E_par) / (c_k(pending + K) +
+   c_t(m_par + 1)), learned from the parallel steps seen; chosen when it beats the others.
+
+6. **Copies.** Every step also looks up continuations in the conversation (``ngram.Copier``): free
    candidates, no draft time. Copies alone are verified when their best size's rate
    (1 + Σ p̂) / c_t(n + 1) beats plain decoding and the draft's forecast — so copying pays where the
    draft cannot (``COPY`` steps). When the draft's tree is grown, copies at least as likely as its
@@ -45,10 +50,21 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import params
-from .costmodel import Choice, CostModel, best_size, ceiling, deepen, simulate
+from .costmodel import Choice, CostModel, best_size, ceiling, deepen, parallel_ceiling, simulate
 from .ngram import Copier, CopyTrie
+from .parallel import ADAPTER_HELP, grow
 from .params import param
-from .tree import ChildRule, Drafter, DraftTree, PlanContext, Planner, PlanStats, TreeBuilder
+from .tree import (
+    ChildRule,
+    Drafter,
+    DraftSetup,
+    DraftTree,
+    PlanContext,
+    Planner,
+    PlanStats,
+    TreeBuilder,
+    step_seed,
+)
 
 CHILDREN_KEPT = 8  # candidates per expanded node that may enter the tree
 PROFILE_LEN = 4  # children predicted per expanded node in forecasts
@@ -60,7 +76,7 @@ STEP_PRIOR = 2.0  # within a step, the running profile counts as this many of th
 DECAY = 0.97  # per observed speculative step: older steps fade
 HORIZON = 8  # the draft's catch-up after plain steps is spread over this many speculative steps
 MARGIN = 0.03  # speculate when the forecast beats plain decoding by this fraction
-PLAIN, SPECULATE, PROBE, COPY = "plain", "speculate", "probe", "copy"
+MODES = PLAIN, SPECULATE, PROBE, COPY, PARALLEL = "plain", "speculate", "probe", "copy", "parallel"
 
 
 @dataclass
@@ -75,6 +91,12 @@ class AutoPlanner(Planner):
         minimum=0,
         maximum=0.5,
     )
+    masks: int = param(
+        0,
+        "K > 0: also weigh ParallelSpec trees drafted in one pass with K [MASK] tokens (0: off)",
+        minimum=0,
+    )
+    adapter: str = param("", ADAPTER_HELP)
     # the pair's measured curves (``use_costs``); None → plain decoding
     costs: CostModel | None = field(default=None, compare=False, repr=False)
     name = "auto"
@@ -85,12 +107,17 @@ class AutoPlanner(Planner):
     profile: np.ndarray = field(default_factory=lambda: PRIOR_PROFILE.copy(), repr=False)
     plain_seconds: float | None = field(default=None, repr=False)  # measured plain step time (EMA)
     credit: float = field(default=0.0, repr=False)  # seconds probes may still lose
-    steps: dict = field(default_factory=lambda: {PLAIN: 0, SPECULATE: 0, PROBE: 0, COPY: 0}, repr=False)
+    steps: dict = field(default_factory=lambda: dict.fromkeys(MODES, 0), repr=False)
     copier: Copier = field(default_factory=Copier, repr=False)  # continuations from the conversation
     # measured ÷ profiled cost of batches (n ≥ 2) and of drafting, relative to plain decoding's
     # measured ÷ profiled cost: corrects a profile taken on a busy machine, whatever the current load
     batch_factor: float = field(default=1.0, repr=False)
     draft_factor: float = field(default=1.0, repr=False)
+    # one-pass trees: decayed Σ accepted and Σ p̂, and the expected length and size chosen (EMA)
+    par_accepted: float = field(default=PRIOR_WEIGHT, repr=False)
+    par_predicted: float = field(default=PRIOR_WEIGHT, repr=False)
+    par_expected: float = field(default=1.0, repr=False)  # prior: one token per step
+    par_size: float = field(default=0.0, repr=False)  # 0: not seen yet (then K + 1)
     _plain_verify: float | None = field(default=None, repr=False)  # measured plain decode (EMA)
     _draft_predicted: float = field(default=0.0, repr=False)  # last step's profiled drafting seconds
     _mode: str = field(default=PLAIN, repr=False)
@@ -135,28 +162,35 @@ class AutoPlanner(Planner):
         total = sum(self.steps.values())
         if total == 0:
             return f"budget≤{self.budget}, deciding per step"
-        share = (self.steps[SPECULATE] + self.steps[PROBE]) / total
+        share = (self.steps[SPECULATE] + self.steps[PROBE] + self.steps[PARALLEL]) / total
         copying = self.steps[COPY] / total
         now = {
             PLAIN: "plain now",
             SPECULATE: f"speculating {self._last_drafted} tokens",
             PROBE: f"probing {self._last_drafted} tokens",
             COPY: f"copying {self._last_drafted} tokens",
+            PARALLEL: f"one-pass tree of {self._last_drafted} tokens",
         }[self._mode]
         return (
             f"{now} (budget≤{self.budget}, r={self.ratio:.2f}, speculated {share:.0%}, copied {copying:.0%} "
             "of steps)"
         )
 
+    def draft_setup(self) -> DraftSetup:
+        if not self.masks:
+            return DraftSetup()
+        return DraftSetup(masks=self.masks, adapter="" if self.adapter == "none" else self.adapter)
+
     # -- the decision -----------------------------------------------------------------------------
     def decide(self, pending: int, cap: int) -> str:
-        """PLAIN, SPECULATE or PROBE for a step whose draft must first decode ``pending`` tokens."""
+        """PLAIN, SPECULATE, PARALLEL or PROBE for a step whose draft must first decode ``pending`` tokens."""
         if self.costs is None or cap < 1 or self._ceiling_ok is False:
             return PLAIN
         costs = self._eff
         plain_rate = 1.0 / self._plain
         if self._ceiling_ok is None:
-            self._ceiling_ok = ceiling(costs, cap) > plain_rate * (1 + MARGIN)
+            best = max(ceiling(costs, cap), parallel_ceiling(costs, self.masks, cap) if self.masks else 0.0)
+            self._ceiling_ok = best > plain_rate * (1 + MARGIN)
         if not self._ceiling_ok:
             return PLAIN  # nothing could beat plain decoding here, even if every draft token were accepted
         if self._forecast is None:
@@ -164,11 +198,21 @@ class AutoPlanner(Planner):
         f = self._forecast
         catchup = float(costs.k(max(pending, 1)) - costs.k(1)) / HORIZON
         self._forecast_rate = (1.0 + self.ratio * f.expected) / (f.seconds + catchup)
+        rival = max(plain_rate * (1 + MARGIN), self._forecast_rate)
+        if self.masks and (parallel := self._parallel_rate(pending, cap)) > rival:
+            self._forecast_rate = parallel
+            return PARALLEL
         if self._forecast_rate > plain_rate * (1 + MARGIN):
             return SPECULATE
         if self.credit >= self._probe_loss(pending):
             return PROBE
         return PLAIN
+
+    def _parallel_rate(self, pending: int, cap: int) -> float:
+        """Forecast of a one-pass tree: (1 + r_par · E_par) / (c_k(pending + K) + c_t(m_par + 1))."""
+        size, costs = min(cap, round(self.par_size) or self.masks + 1), self._eff
+        seconds = costs.k(pending + self.masks) + costs.t(size + 1) + costs.overhead
+        return float((1.0 + self.par_accepted / self.par_predicted * self.par_expected) / seconds)
 
     def _probe_loss(self, pending: int) -> float:
         """Worst case of a probe: a whole forecast tree's time for the one token plain decoding gives."""
@@ -194,6 +238,8 @@ class AutoPlanner(Planner):
             return tree
         if self._mode == PLAIN:
             return TreeBuilder(root_token).freeze()  # no draft work at all; the draft catches up later
+        if self._mode == PARALLEL:
+            return self._one_pass(root_token, drafter, ctx, cap, pending)
         if self._mode == PROBE:  # optimistic: draft what would pay if the draft were good, and see
             prior = np.maximum(self.profile, PROBE_PROFILE)
             return self._grow(root_token, drafter, cap, pending, max(self.ratio, 1.0), prior, trie)
@@ -207,7 +253,7 @@ class AutoPlanner(Planner):
         pool = np.sort(trie.phat[1:])[::-1]
         copies = best_size(0.0, 0, pool, 0.0, 1.0, self._eff, cap)
         rival = (1.0 + MARGIN) / self._plain
-        if self._mode == SPECULATE:
+        if self._mode in (SPECULATE, PARALLEL):
             rival = max(rival, self._forecast_rate)
         return copies.m if copies.rate > rival else 0
 
@@ -271,6 +317,25 @@ class AutoPlanner(Planner):
         )
         return self.copier.remember(tree.freeze(stats))
 
+    def _one_pass(self, root_token: int, drafter: Drafter, ctx: PlanContext, cap: int, pending: int):
+        """ParallelSpec's tree: one draft pass of the pending tokens and K masks, then the size that
+        maximises the rate with that pass as the drafting time (nodes in the order ``grow`` adds them:
+        best p̂ first when greedy, so every prefix is a subtree)."""
+        costs = self._eff
+        k = min(self.masks, cap - 1)
+        tree = TreeBuilder(root_token)
+        dists = drafter.parallel_dists(tree, k)
+        seed = step_seed(ctx) if ctx.sampling else None
+        trial = TreeBuilder(root_token)
+        grow(trial, dists, cap, seed)
+        spent = float(costs.k(pending + k))
+        ratio = self.par_accepted / self.par_predicted
+        size = best_size(0.0, 0, np.asarray(trial.path_prob[1:]), spent, ratio, costs, cap).m
+        grow(tree, dists, max(size, 1), seed)
+        self._draft_predicted, self._last_drafted = spent / self.draft_factor, tree.size - 1
+        expected = float(sum(tree.path_prob[1:]))
+        return tree.freeze(PlanStats(draft_decodes=1, drafted_nodes=k + 1, expected_accept=expected))
+
     def _learn_costs(self, event) -> None:
         """Measured ÷ profiled, for the tree's verify and the drafting, over the same for plain decoding."""
         plain = (self._plain_verify / self._plain) if self._plain_verify else 1.0
@@ -307,6 +372,13 @@ class AutoPlanner(Planner):
             self._plain_verify = _ema(self._plain_verify, event.timings.verify, 0.2)
             return
         self._learn_costs(event)
+        if self._mode == PARALLEL:  # its own calibration: the masks' rows are not the draft's
+            self.par_accepted = DECAY * self.par_accepted + event.accepted
+            self.par_predicted = DECAY * self.par_predicted + event.expected_accept
+            self.par_expected = _ema(self.par_expected, event.expected_accept, 0.2)
+            self.par_size = _ema(self.par_size or None, event.drafted, 0.2)
+            self._forecast = None
+            return
         if event.drafted > 0:
             self.accepted = DECAY * self.accepted + event.accepted
             self.predicted = DECAY * self.predicted + event.expected_accept

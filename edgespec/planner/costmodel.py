@@ -238,3 +238,11 @@ def ceiling(costs: CostModel, cap: int) -> float:
     n = np.arange(1, max(cap, 1) + 1)
     seconds = costs.k(1) + (n - 1) * costs.d(1) + costs.t(n + 1) + costs.overhead
     return float(np.max((1.0 + n) / seconds))
+
+
+def parallel_ceiling(costs: CostModel, masks: int, cap: int) -> float:
+    """The best rate a one-pass ParallelSpec tree could reach with every draft token accepted: a chain
+    of n ≤ K + 1 drafted in one pass of 1 + K tokens."""
+    n = np.arange(1, max(min(cap, masks + 1), 1) + 1)
+    seconds = costs.k(1 + masks) + costs.t(n + 1) + costs.overhead
+    return float(np.max((1.0 + n) / seconds))

@@ -56,6 +56,11 @@ from .tree import (
     step_seed,
 )
 
+ADAPTER_HELP = (
+    "the parallel drafter's GGUF LoRA adapter (default: the pair's trained one, if it has one; "
+    "'none': the plain draft with untrained masks)"
+)
+
 
 @dataclass
 class ParallelSpecPlanner(Planner):
@@ -63,11 +68,7 @@ class ParallelSpecPlanner(Planner):
         4, "K: [MASK] tokens per draft pass (at most the adapter's K); the tree is ≤ K + 1 deep", minimum=1
     )
     budget: int = param(16, "n: draft tokens in the tree, root excluded", minimum=1)
-    adapter: str = param(
-        "",
-        "the parallel drafter's GGUF LoRA adapter (default: the pair's trained one, if it has one; "
-        "'none': the plain draft with untrained masks)",
-    )
+    adapter: str = param("", ADAPTER_HELP)
     name = "parallelspec"
 
     def describe(self) -> str:
