@@ -32,6 +32,13 @@ _GGUF_NAMES = {
 _PEFT_KEY = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.(?:default\.)?weight$")
 
 
+def _numpy(value) -> np.ndarray:
+    """A torch tensor (or array) as a contiguous float32 numpy array."""
+    if hasattr(value, "detach"):
+        value = value.detach().cpu().float().numpy()
+    return np.ascontiguousarray(value, dtype=np.float32)
+
+
 def lora_tensors(lora: dict) -> dict[str, np.ndarray]:
     """PEFT state (name → tensor) as GGUF tensors ``blk.N.<weight>.weight.lora_a/b`` (float32)."""
     out = {}
@@ -41,7 +48,7 @@ def lora_tensors(lora: dict) -> dict[str, np.ndarray]:
             raise ValueError(f"unexpected LoRA parameter {name!r}")
         layer, module, which = match.groups()
         gguf = f"blk.{layer}.{_GGUF_NAMES[module]}.weight.lora_{which.lower()}"
-        out[gguf] = np.ascontiguousarray(value.detach().cpu().float().numpy())
+        out[gguf] = _numpy(value)
     return out
 
 
@@ -57,13 +64,11 @@ def embedding_tensors(mask_delta: np.ndarray, mask_ids, n_vocab: int, alpha: flo
 
 def base_info(base_gguf: str | Path) -> dict:
     """Architecture, vocabulary size and whether the output matrix is separate, from the draft GGUF."""
-    import gguf
+    from ..randomgguf import read_header  # a fast header parser (gguf's reader is slow on big vocabularies)
 
-    reader = gguf.GGUFReader(str(base_gguf))
-    field = reader.fields["general.architecture"]
-    arch = bytes(field.parts[field.data[0]]).decode()
-    shapes = {t.name: [int(x) for x in t.shape] for t in reader.tensors}
-    return {"arch": arch, "n_vocab": shapes["token_embd.weight"][1], "n_embd": shapes["token_embd.weight"][0],
+    kv, shapes = read_header(base_gguf)
+    n_embd, n_vocab = shapes["token_embd.weight"][:2]  # ggml order
+    return {"arch": kv["general.architecture"], "n_vocab": n_vocab, "n_embd": n_embd,
             "separate_output": "output.weight" in shapes}
 
 
@@ -73,7 +78,7 @@ def export_adapter(state: dict, base_gguf: str | Path, out: str | Path, mask_ids
     import gguf
 
     info = base_info(base_gguf)
-    mask_delta = state["mask_delta"].detach().cpu().float().numpy()
+    mask_delta = _numpy(state["mask_delta"])
     tensors = lora_tensors(state["lora"])
     if np.any(mask_delta):
         if not info["separate_output"]:
@@ -101,5 +106,5 @@ def export_adapter(state: dict, base_gguf: str | Path, out: str | Path, mask_ids
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return {"path": str(out), "bytes": out.stat().st_size, "sha256": sha256_file(Path(out)), "base_sha256": base_sha,
-            "tensors": len(tensors)}
+    return {"path": str(out), "bytes": out.stat().st_size, "sha256": sha256_file(out),
+            "base_sha256": base_sha, "tensors": len(tensors)}
