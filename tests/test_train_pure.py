@@ -56,7 +56,8 @@ def test_layout_rows_see_exactly_what_a_causal_decode_of_prefix_plus_masks_sees(
         runtime_pos = list(range(t + 4))
         for k in range(3):
             row = 20 + 3 * g + k
-            seen = {(int(lay.input_ids[j]), int(lay.position_ids[j])) for j in np.flatnonzero(lay.allowed[row])}
+            visible = np.flatnonzero(lay.allowed[row])
+            seen = {(int(lay.input_ids[j]), int(lay.position_ids[j])) for j in visible}
             assert seen == set(zip(runtime[: t + 2 + k], runtime_pos[: t + 2 + k]))
 
 
@@ -86,8 +87,8 @@ def test_training_prompts_are_deterministic_distinct_and_not_bench_prompts():
 
 def test_data_resume_skips_done_prompts_and_ignores_a_torn_line(tmp_path):
     path = tmp_path / "data.jsonl"
-    path.write_text(json.dumps({"index": 0, "prompt_ids": [1], "answer_ids": [2]}) + "\n"
-                    + json.dumps({"index": 3, "prompt_ids": [1], "answer_ids": [2]}) + "\n" + '{"index": 5, "pro')
+    done = [json.dumps({"index": i, "prompt_ids": [1], "answer_ids": [2]}) for i in (0, 3)]
+    path.write_text("\n".join(done) + '\n{"index": 5, "pro')
     assert done_indices(path) == {0, 3}
     assert [r["index"] for r in read_records(path)] == [0, 3]
     assert done_indices(tmp_path / "missing.jsonl") == set()
@@ -142,7 +143,8 @@ def test_export_writes_a_lora_gguf_with_exact_mask_rows(tmp_path):
     tensors = {t.name: np.array(t.data) for t in reader.tensors}
     a = tensors["blk.1.ffn_down.weight.lora_a"]
     assert a.shape == (RANK, 128)  # numpy (r, in): ggml ne [in, r]
-    assert np.allclose(a, state["lora"]["base_model.model.model.layers.1.mlp.down_proj.lora_A.default.weight"])
+    peft_a = state["lora"]["base_model.model.model.layers.1.mlp.down_proj.lora_A.default.weight"]
+    assert np.allclose(a, peft_a)
     assert tensors["blk.0.attn_q.weight.lora_b"].shape == (64, RANK)
     # llama.cpp's embedding delta of token i: (alpha / K) * B @ A[i] — the mask row, zero elsewhere
     emb_a, emb_b = tensors["token_embd.weight.lora_a"], tensors["token_embd.weight.lora_b"]

@@ -17,14 +17,14 @@ def register(sub) -> None:
         "Every stage resumes: answered prompts are skipped, --resume continues from the checkpoint.",
     )
     q.add_argument("--pair", default=None, help="registry pair (default: the default pair)")
-    q.add_argument("--target", default=None, help="target model name or .gguf (with --draft, instead of --pair)")
+    q.add_argument("--target", default=None, help="target name or .gguf (with --draft, instead of --pair)")
     q.add_argument("--draft", default=None, help="draft model name or .gguf")
-    q.add_argument("--work", type=Path, default=None, help="work directory (default: under the edgespec home)")
-    q.add_argument("--out", type=Path, default=None, help="adapter GGUF (default: WORK/parallelspec-k{K}.gguf)")
+    q.add_argument("--work", type=Path, default=None, help="work directory (default: in the edgespec home)")
+    q.add_argument("--out", type=Path, default=None, help="adapter (default WORK/parallelspec-k{K}.gguf)")
     q.add_argument("--prompts", type=int, default=240, help="training prompts answered by the target")
     q.add_argument("--max-tokens", type=int, default=128, help="answer length per prompt")
     q.add_argument("--k", type=int, default=4, help="mask tokens per group (the drafter's depth - 1)")
-    q.add_argument("--mask-base", type=int, default=None, help="MASK_k = base + k (default: Qwen2.5's 151664)")
+    q.add_argument("--mask-base", type=int, default=None, help="MASK_k = base + k (default Qwen2.5's 151664)")
     q.add_argument("--rank", type=int, default=8, help="LoRA rank")
     q.add_argument("--alpha", type=float, default=16.0, help="LoRA alpha (scale alpha/rank)")
     q.add_argument("--groups", type=int, default=24, help="parallel groups per training sequence")
@@ -49,8 +49,9 @@ def run_parallel(args) -> int:
     target, draft, name = _resolve(args)
     work = args.work or _default_work(name)
     train = default_train_settings(
-        k=args.k, mask_base=args.mask_base, groups=args.groups, decay=args.decay, lr=args.lr, accum=args.accum,
-        steps=args.steps, max_minutes=args.minutes, checkpoint_every=args.checkpoint_every, seed=args.seed,
+        k=args.k, mask_base=args.mask_base, groups=args.groups, decay=args.decay, lr=args.lr,
+        accum=args.accum, steps=args.steps, max_minutes=args.minutes, checkpoint_every=args.checkpoint_every,
+        seed=args.seed,
     )
     job = ParallelJob(
         target=target, draft=draft, work=work, out=args.out or work / f"parallelspec-k{args.k}.gguf",
@@ -71,7 +72,8 @@ def _resolve(args) -> tuple[str, str, str]:
             from ..errors import EdgespecError
 
             raise EdgespecError("--target and --draft go together (or name a --pair).")
-        return str(store.ensure(args.target)), str(store.ensure(args.draft)), f"{Path(args.target).stem}+{Path(args.draft).stem}"
+        name = f"{Path(args.target).stem}+{Path(args.draft).stem}"
+        return str(store.ensure(args.target)), str(store.ensure(args.draft)), name
     target, draft, spec = store.ensure_pair(args.pair)
     return str(target), str(draft), spec.name
 

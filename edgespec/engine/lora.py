@@ -49,4 +49,6 @@ def set_adapters(ctx: Context, adapters: list[LoraAdapter], scale: float = 1.0) 
     scales = (ctypes.c_float * max(n, 1))(*([scale] * n))
     rc = C.llama_set_adapters_lora(ctx.ptr, ptrs if n else None, n, scales if n else None)
     if rc != 0:
-        raise EngineError(f"llama.cpp refused the LoRA adapters (code {rc}); were they loaded for this model?")
+        raise EngineError(
+            f"llama.cpp refused the LoRA adapters (code {rc}); were they loaded for this context's model?"
+        )

@@ -14,7 +14,9 @@ import numpy as np
 from .groups import build_layout
 
 
-def llama_rows(gguf_path: str, tokens: Sequence[int], adapter: str | None = None, threads: int = 1) -> np.ndarray:
+def llama_rows(
+    gguf_path: str, tokens: Sequence[int], adapter: str | None = None, threads: int = 1
+) -> np.ndarray:
     """(len(tokens), V) logits of a causal decode of ``tokens`` by llama.cpp, with ``adapter`` if given."""
     from ..engine._llama import Context, ContextSettings, Model
     from ..engine.lora import LoraAdapter, set_adapters
@@ -22,7 +24,8 @@ def llama_rows(gguf_path: str, tokens: Sequence[int], adapter: str | None = None
     model = Model(str(gguf_path), repack=False)
     try:
         n = len(tokens)
-        ctx = Context(model, ContextSettings(n_ctx=max(256, n + 8), n_batch=max(64, n), n_seq_max=1, n_threads=threads))
+        settings = ContextSettings(n_ctx=max(256, n + 8), n_batch=max(64, n), n_seq_max=1, n_threads=threads)
+        ctx = Context(model, settings)
         lora = LoraAdapter(model, adapter) if adapter else None
         try:
             if lora is not None:

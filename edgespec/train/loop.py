@@ -58,7 +58,9 @@ def _lr_factor(step: int, warmup: int) -> float:
     return min(1.0, (step + 1) / max(warmup, 1))
 
 
-def train(drafter, records: Sequence[dict], work: Path, settings: TrainSettings, resume: bool = False) -> dict:
+def train(
+    drafter, records: Sequence[dict], work: Path, settings: TrainSettings, resume: bool = False
+) -> dict:
     """Train ``drafter`` (a ``ParallelDrafter``) on ``records``; returns the run's totals."""
     import torch
 

@@ -44,7 +44,8 @@ def run_job(job: ParallelJob, say=print) -> dict:
     record: dict = {"target": job.target, "draft": job.draft, "prompts": job.prompts}
     if not job.skip_data:
         say(f"data: the target answers {job.prompts} training prompts → {job.data_path}")
-        record["data_run"] = generate_data(job.target, training_prompts(job.prompts), job.data_path, job.distill)
+        prompts = training_prompts(job.prompts)
+        record["data_run"] = generate_data(job.target, prompts, job.data_path, job.distill)
     records = read_records(job.data_path)
     if not records:
         raise ValueError(f"no training data in {job.data_path}: run without --skip-data first")
@@ -73,7 +74,8 @@ def run_job(job: ParallelJob, say=print) -> dict:
     record["eval_before"] = json.loads(before_path.read_text())
     record["train"] = train(drafter, train_records, job.work, job.train, resume=job.resume)
     record["eval_after"] = evaluate(drafter, held_out, job.train)
-    say(f"held-out top-1 per depth: before {record['eval_before']['top1']} after {record['eval_after']['top1']}")
+    before, after = record["eval_before"]["top1"], record["eval_after"]["top1"]
+    say(f"held-out top-1 per depth: before {before} after {after}")
     curve = read_curve(job.work / "loss.csv")
     record["loss_first"], record["loss_last"] = _ends(curve)
     adapter = export_adapter(drafter.state(), job.draft, job.out, job.train.mask_ids, job.alpha,

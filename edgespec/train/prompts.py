@@ -84,7 +84,8 @@ _CHAT_EXTRA = (
 
 def training_prompts(n: int | None = None, seed: int = 13) -> list[str]:
     """Up to ``n`` distinct instructions (all of them when ``n`` is None), in a fixed shuffled order."""
-    code = [t.format(lang=lang, task=task) for t in _CODE_TEMPLATES for lang in _LANGUAGES for task in _CODE_TASKS]
+    code = [t.format(lang=lang, task=task)
+            for t in _CODE_TEMPLATES for lang in _LANGUAGES for task in _CODE_TASKS]
     chat = [t.format(subject=s) for t in _CHAT_TEMPLATES for s in _CHAT_SUBJECTS] + list(_CHAT_EXTRA)
     rng = random.Random(seed)
     rng.shuffle(code)
