@@ -162,3 +162,30 @@ def test_export_refuses_mask_rows_on_a_tied_output(tmp_path):
     base = _tiny_base(tmp_path, tied=True)
     with pytest.raises(ValueError, match="output.weight"):
         export_adapter(_state(np.random.default_rng(0)), base, tmp_path / "a.gguf", MASKS, 8.0)
+
+
+def test_ship_copies_the_adapter_and_finds_it_by_base_sha(tmp_path):
+    from edgespec.errors import EdgespecError
+    from edgespec.paths import sha256_file
+    from edgespec.train.shipped import ship, shipped_adapter
+
+    work, dest = tmp_path / "work", tmp_path / "ship"
+    work.mkdir()
+    (work / "a.gguf").write_bytes(b"adapter bytes")
+    (work / "loss.csv").write_text("step,wall_seconds,loss\n1,2.0,9.5\n2,4.0,7.25\n")
+    settings = {"k": 2, "mask_ids": [7, 8]}
+    run = {"target": "/m/t.gguf", "draft": "/m/d.gguf", "prompts": 3, "data": {"records": 3},
+           "train": {"steps": 2, "settings": settings},
+           "adapter": {"path": str(work / "a.gguf"), "sha256": sha256_file(work / "a.gguf"),
+                       "base_sha256": "ab"}}
+    (work / "record.json").write_text(json.dumps(run))
+    record = ship(work, dest, "d.k2", "edgespec train parallel --k 2")
+    assert record["loss_curve"]["rows"] == [[1.0, 2.0, 9.5], [2.0, 4.0, 7.25]]
+    assert record["base_model"] == "d.gguf" and record["mask_ids"] == [7, 8]
+    found = shipped_adapter("ab", dest)
+    assert found is not None and found.path == dest / "d.k2.gguf"
+    assert (found.k, found.mask_ids) == (2, (7, 8))
+    assert shipped_adapter("other", dest) is None
+    (dest / "d.k2.gguf").write_bytes(b"tampered")
+    with pytest.raises(EdgespecError, match="sha256"):
+        shipped_adapter("ab", dest)
