@@ -125,3 +125,30 @@ def test_cli_parses_train_parallel():
 
     args = build_parser().parse_args(["train", "parallel", "--k", "4", "--steps", "2", "--resume"])
     assert (args.kind, args.k, args.steps, args.resume) == ("parallel", 4, 2, True)
+
+
+def test_groups_see_only_their_prefix_through_transformers_attention(tiny_gguf):
+    """Every group's mask rows in one packed forward equal a separate causal run of prefix + masks: the
+    custom 4-D mask reaches the attention (were it ignored, masks would see later tokens and groups)."""
+    import torch
+
+    from edgespec.train.groups import build_layout
+    from edgespec.train.model import LoraSettings, ParallelDrafter, load_draft
+
+    torch.manual_seed(0)
+    drafter = ParallelDrafter(load_draft(tiny_gguf), MASKS, LoraSettings(rank=4, alpha=8.0))
+    with torch.no_grad():  # a non-zero LoRA and mask rows, so every trained part takes part
+        for p in drafter.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    tokens = list(np.random.default_rng(2).integers(0, 90, size=24))
+    anchors = [5, 11, 20]
+    packed = build_layout(tokens, 3, anchors, MASKS)
+    with torch.no_grad():
+        rows = drafter.logits(packed).numpy()
+        for g, t in enumerate(anchors):
+            alone = build_layout(tokens[: t + 1], t + 1, [t], MASKS)
+            ref = drafter.logits(alone).numpy()
+            start = len(tokens) + g * K
+            assert np.allclose(rows[start : start + K], ref[t + 1 :], atol=1e-4)
+        plain = drafter.logits(build_layout(tokens, 3, [], MASKS)).numpy()  # no groups: plain causal
+        assert np.allclose(rows[: len(tokens)], plain, atol=1e-4)
