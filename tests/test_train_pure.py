@@ -189,3 +189,14 @@ def test_ship_copies_the_adapter_and_finds_it_by_base_sha(tmp_path):
     (dest / "d.k2.gguf").write_bytes(b"tampered")
     with pytest.raises(EdgespecError, match="sha256"):
         shipped_adapter("ab", dest)
+
+
+def test_missing_training_stack_names_the_extra(monkeypatch):
+    import sys
+
+    from edgespec.errors import EdgespecError
+    from edgespec.train.deps import require
+
+    monkeypatch.setitem(sys.modules, "peft", None)  # makes `import peft` raise ImportError
+    with pytest.raises(EdgespecError, match=r"peft.*pip install 'edgespec\[train\]'"):
+        require()
