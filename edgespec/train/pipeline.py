@@ -8,7 +8,7 @@ loss curve's ends, the adapter's sha256, and the llama.cpp-vs-PyTorch check).
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
 
@@ -118,7 +118,3 @@ def check_against_llama(drafter, job: ParallelJob, record: dict, n_tokens: int =
 def default_train_settings(k: int = 4, mask_base: int | None = None, **kw) -> TrainSettings:
     mask_ids = default_mask_ids(k) if mask_base is None else default_mask_ids(k, mask_base)
     return TrainSettings(k=k, mask_ids=mask_ids, **kw)
-
-
-def describe(job: ParallelJob) -> dict:
-    return {"work": str(job.work), "out": str(job.out), "train": asdict(job.train)}
