@@ -116,7 +116,10 @@ def train(
                 writer.writerow([step, round(elapsed(), 1), positions, round(float(np.mean(losses)), 4)]
                                 + [round(float(c), 4) for c in ce])
                 sink.flush()
-                update(step, f"loss {np.mean(losses):.3f} ce " + " ".join(f"{c:.2f}" for c in ce))
+                status = f"loss {np.mean(losses):.3f} ce " + " ".join(f"{c:.2f}" for c in ce)
+                if deadline < math.inf:  # the time limit comes first: say when (the bar's ETA is for --steps)
+                    status += f" | time limit in {max(deadline - elapsed(), 0) / 60:.0f} min"
+                update(step, status)
                 if step % settings.checkpoint_every == 0:
                     save()
     except KeyboardInterrupt:
