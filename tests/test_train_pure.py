@@ -200,3 +200,17 @@ def test_missing_training_stack_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "peft", None)  # makes `import peft` raise ImportError
     with pytest.raises(EdgespecError, match=r"peft.*pip install 'edgespec\[train\]'"):
         require()
+
+
+def test_a_fresh_run_refuses_to_overwrite_a_checkpoint(tmp_path, monkeypatch):
+    from edgespec.errors import EdgespecError
+    from edgespec.train import deps
+    from edgespec.train.pipeline import ParallelJob, run_job
+
+    monkeypatch.setattr(deps, "require", lambda: None)
+    record = {"index": 0, "prompt_ids": [1], "answer_ids": [2]}
+    (tmp_path / "data.jsonl").write_text(json.dumps(record) + "\n")
+    (tmp_path / "checkpoint.pt").write_bytes(b"")
+    job = ParallelJob(target="t.gguf", draft="d.gguf", work=tmp_path, out=tmp_path / "a.gguf", skip_data=True)
+    with pytest.raises(EdgespecError, match="--resume"):
+        run_job(job, say=lambda line: None)

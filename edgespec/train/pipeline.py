@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
 
+from ..errors import EdgespecError
 from .distill import DistillSettings, generate_data, read_records
 from .groups import default_mask_ids
 from .loop import TrainSettings, evaluate, read_curve, train
@@ -57,6 +58,11 @@ def run_job(job: ParallelJob, say=print) -> dict:
     from .deps import require
 
     require()
+    if not job.resume and (job.work / "checkpoint.pt").exists():
+        raise EdgespecError(
+            f"{job.work} already has a training checkpoint: pass --resume to continue it, or remove "
+            "checkpoint.pt, loss.csv and eval_before.json there (or pick another --work) to start over."
+        )
     from .export import export_adapter
     from .model import LoraSettings, ParallelDrafter, load_draft
 
