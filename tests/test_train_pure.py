@@ -214,3 +214,17 @@ def test_a_fresh_run_refuses_to_overwrite_a_checkpoint(tmp_path, monkeypatch):
     job = ParallelJob(target="t.gguf", draft="d.gguf", work=tmp_path, out=tmp_path / "a.gguf", skip_data=True)
     with pytest.raises(EdgespecError, match="--resume"):
         run_job(job, say=lambda line: None)
+
+
+def test_report_plots_the_curve_and_tabulates_held_out_accuracy(tmp_path):
+    pytest.importorskip("matplotlib")
+    from edgespec.train.report import plot_curve, smooth, summary_markdown
+
+    assert smooth(np.array([1.0, 3.0, 5.0]), window=2).tolist() == [1.0, 2.0, 4.0]
+    evals = {"rows": [10, 5], "ce": [0.5, 9.0], "top1": [0.9, 0.01]}
+    record = {"k": 1, "base_model": "d.gguf", "eval_before": evals,
+              "eval_after": {"rows": [10, 5], "ce": [0.4, 3.0], "top1": [0.91, 0.3]},
+              "loss_curve": {"columns": ["step", "ce0", "ce1"], "rows": [[1, 0.5, 9.0], [2, 0.4, 3.0]]}}
+    assert plot_curve(record, tmp_path / "c.png").stat().st_size > 1000
+    table = summary_markdown(record)
+    assert "| 1 | x_{t+2} (MASK_1) | 5 | 9.000 | 3.000 | 1.0% | 30.0% |" in table
