@@ -12,7 +12,7 @@ from .errors import EdgespecError
 
 PROBE_COMMAND = "--engine-probe"  # hidden: see edgespec.engine.probe
 
-SUBCOMMANDS = ("chat", "generate", "bench", "models", "tune", "serve")
+SUBCOMMANDS = ("chat", "generate", "bench", "models", "tune", "serve", "train")
 
 
 class _Version(argparse.Action):

@@ -18,6 +18,9 @@ if [ "${1:-}" = "--quick" ]; then
     shift
     exec python -m pytest -q -m "not model and not slow" "$@"
 fi
+# The training stack (torch CPU build, transformers, peft) for tests/test_train_tiny.py; the quick
+# subset above stays free of it.
+python -m pip install -q -e '.[train]'
 ruff check edgespec tui tests scripts
 edgespec models pull qwen2.5-coder-1.5b+0.5b
 # The single binary (tests/test_binary.py); its no-Python chroot test needs a static busybox.

@@ -1,0 +1,14 @@
+"""Copy a trained parallel drafter (an `edgespec train parallel` work directory) into the package.
+
+    python scripts/ship_parallel_drafter.py WORK NAME "COMMAND THAT TRAINED IT"
+"""
+
+import sys
+from pathlib import Path
+
+from edgespec.train.shipped import ship, shipped_dir
+
+if __name__ == "__main__":
+    work, name, command = sys.argv[1:4]
+    record = ship(Path(work), shipped_dir(), name, command)
+    print(f"{record['adapter']}: {record['bytes']} bytes, sha256 {record['sha256']}")
