@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .models.drafters import shipped_adapter
 from .models.paths import decision_model_path
 from .planner import strategies
 from .planner.tree import Planner
@@ -60,6 +61,7 @@ class PairDefaults:
     name: str
     strategy: str | None = None
     params: Mapping[str, Any] = field(default_factory=dict)  # budget and strategy parameters
+    draft_sha256: str | None = None  # its draft's (registry pairs): finds the shipped parallel drafter
 
 
 def needs_draft(name: str) -> bool:
@@ -79,6 +81,12 @@ def planner_params(choice: StrategyChoice, pair: PairDefaults) -> dict[str, Any]
         path = decision_model_path(pair.name)
         if path.is_file():
             params["early_stop_model"] = str(path)
+    takes_adapter = "adapter" in {p.name for p in strategies.strategy(choice.name).params}
+    if takes_adapter and not params.get("adapter") and pair.draft_sha256:
+        # ParallelSpec: the parallel drafter trained for the pair's draft, shipped in the package
+        shipped = shipped_adapter(pair.draft_sha256)
+        if shipped is not None:
+            params["adapter"] = str(shipped.path)
     return params
 
 

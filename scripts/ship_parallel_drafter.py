@@ -6,7 +6,8 @@
 import sys
 from pathlib import Path
 
-from edgespec.train.shipped import ship, shipped_dir
+from edgespec.models.drafters import shipped_dir
+from edgespec.train.export import ship
 
 if __name__ == "__main__":
     work, name, command = sys.argv[1:4]

@@ -76,7 +76,7 @@ def test_anchors_are_answer_positions_and_distinct():
 
 
 def test_training_prompts_are_deterministic_distinct_and_not_bench_prompts():
-    from edgespec.prompts import prompt_set, set_names
+    from edgespec.measure.prompts import prompt_set, set_names
 
     prompts = training_prompts()
     assert prompts == training_prompts() and len(set(prompts)) == len(prompts) > 300
@@ -100,7 +100,7 @@ MASKS = (290, 291)
 
 
 def _tiny_base(tmp_path, tied: bool):
-    from edgespec.randomgguf import Dims, write_random_gguf
+    from randomgguf import Dims, write_random_gguf
 
     tokenizer = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": [f"t{i}" for i in range(N_VOCAB)]}
     dims = Dims(n_layer=2, n_embd=N_EMBD, n_ff=128, n_head=4, n_head_kv=2, tied_output=tied)
@@ -119,7 +119,7 @@ def _state(rng):
 
 def test_export_writes_a_lora_gguf_with_exact_mask_rows(tmp_path):
     gguf = pytest.importorskip("gguf")
-    from edgespec.paths import sha256_file
+    from edgespec.models.paths import sha256_file
     from edgespec.train.export import export_adapter
 
     base = _tiny_base(tmp_path, tied=False)
@@ -166,8 +166,9 @@ def test_export_refuses_mask_rows_on_a_tied_output(tmp_path):
 
 def test_ship_copies_the_adapter_and_finds_it_by_base_sha(tmp_path):
     from edgespec.errors import EdgespecError
-    from edgespec.paths import sha256_file
-    from edgespec.train.shipped import ship, shipped_adapter
+    from edgespec.models.drafters import shipped_adapter
+    from edgespec.models.paths import sha256_file
+    from edgespec.train.export import ship
 
     work, dest = tmp_path / "work", tmp_path / "ship"
     work.mkdir()

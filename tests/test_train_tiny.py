@@ -15,7 +15,8 @@ pytest.importorskip("transformers", reason="the train extra is not installed: pi
 pytest.importorskip("peft", reason="the train extra is not installed: pip install 'edgespec[train]'")
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
 
-from edgespec.randomgguf import Dims, write_random_gguf  # noqa: E402
+from randomgguf import Dims, write_random_gguf  # noqa: E402
+
 from edgespec.train.distill import DistillSettings  # noqa: E402
 from edgespec.train.loop import TrainSettings, read_curve  # noqa: E402
 from edgespec.train.pipeline import ParallelJob, run_job  # noqa: E402

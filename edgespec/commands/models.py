@@ -9,6 +9,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from ..models.drafters import shipped_adapter
 from ..models.paths import format_bytes, user_registry_path
 from ..models.registry import PairSpec
 from ..models.store import ModelStatus, ModelStore
@@ -58,6 +59,12 @@ def run_list(args) -> int:
     wide = console.width >= 120
     console.print(_models_table(statuses, store.models_dir, wide))
     console.print(_pairs_table(store, wide))
+    for pair in store.registry.pairs.values():
+        drafter = _drafter(pair)
+        if drafter is not None:
+            console.print(
+                f"parallel drafter of {pair.name}: {drafter['file']} (K={drafter['k']}, `--strategy parallelspec`)"
+            )
     console.print(f"models dir: {store.models_dir}")
     console.print(f"registry:   {', '.join(store.registry.files)}")
     if str(user_registry_path()) not in store.registry.files:
@@ -139,6 +146,7 @@ def _pair_json(store: ModelStore, pair: PairSpec) -> dict:
         "budget": pair.budget,
         "params": dict(pair.params),
         "default": pair.name == store.registry.default_pair_name,
+        "parallel_drafter": _drafter(pair),
     }
 
 
@@ -179,3 +187,11 @@ def _pairs_table(store: ModelStore, wide: bool) -> Table:
         members = [pair.target.name, pair.draft.name] if wide else []
         table.add_row(pair.name + default, *members, pair.strategy, str(pair.budget), params)
     return table
+
+
+def _drafter(pair: PairSpec) -> dict | None:
+    """The ParallelSpec drafter shipped for the pair's draft (``edgespec train parallel``), if any."""
+    found = shipped_adapter(pair.draft.sha256, check=False) if pair.draft.sha256 else None
+    if found is None:
+        return None
+    return {"file": found.path.name, "k": found.k, "sha256": found.sha256, "path": str(found.path)}

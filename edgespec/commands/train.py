@@ -64,7 +64,7 @@ def run_parallel(args) -> int:
 
 
 def _resolve(args) -> tuple[str, str, str]:
-    from ..store import ModelStore
+    from ..models.store import ModelStore
 
     store = ModelStore()
     if args.target or args.draft:
@@ -79,6 +79,6 @@ def _resolve(args) -> tuple[str, str, str]:
 
 
 def _default_work(name: str) -> Path:
-    from ..paths import home_dir
+    from ..models.paths import home_dir
 
     return home_dir() / "train" / "parallelspec" / name

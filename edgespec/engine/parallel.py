@@ -49,7 +49,7 @@ def untrained(n_vocab: int, k: int = DEFAULT_K) -> ParallelDrafter:
 
 def read_adapter(path: str | Path) -> ParallelDrafter:
     """The ParallelSpec metadata of a GGUF LoRA adapter; an ``EngineError`` naming what is missing."""
-    from randomgguf import read_header  # a plain GGUF header parser (arrays included)
+    from ..models.gguf_header import read_header  # arrays included, fast
 
     try:
         kv, _ = read_header(path)

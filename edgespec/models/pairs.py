@@ -20,11 +20,12 @@ class ResolvedPair:
     target_path: str
     draft_path: str | None
     strategy_defaults: dict[str, Any] = field(default_factory=dict)  # models.toml: strategy, budget, params
+    draft_sha256: str | None = None  # the registry's, for a registry pair
 
     @property
     def defaults(self) -> PairDefaults:
         params = {k: v for k, v in self.strategy_defaults.items() if k != "strategy"}
-        return PairDefaults(self.name, self.strategy_defaults.get("strategy"), params)
+        return PairDefaults(self.name, self.strategy_defaults.get("strategy"), params, self.draft_sha256)
 
 
 def resolve_pair(
@@ -64,7 +65,7 @@ def resolve_pair(
     target_path = ensure(spec.target.name)
     draft_path = ensure(spec.draft.name) if need_draft else None
     defaults = {"strategy": spec.strategy, "budget": spec.budget, **dict(spec.params)}
-    return ResolvedPair(spec.name, target_path, draft_path, defaults)
+    return ResolvedPair(spec.name, target_path, draft_path, defaults, spec.draft.sha256)
 
 
 def available_pairs() -> list[str]:

@@ -19,7 +19,7 @@ def llama_rows(
 ) -> np.ndarray:
     """(len(tokens), V) logits of a causal decode of ``tokens`` by llama.cpp, with ``adapter`` if given."""
     from ..engine._llama import Context, ContextSettings, Model
-    from ..engine.lora import LoraAdapter, set_adapters
+    from ..engine._lora import LoraAdapter
 
     model = Model(str(gguf_path), repack=False)
     try:
@@ -28,8 +28,7 @@ def llama_rows(
         ctx = Context(model, settings)
         lora = LoraAdapter(model, adapter) if adapter else None
         try:
-            if lora is not None:
-                set_adapters(ctx, [lora])
+            ctx.use_adapter(lora)
             ctx.decode(list(tokens), list(range(n)), [[0]] * n, [True] * n)
             return np.array(ctx.logits_rows(n), dtype=np.float32)
         finally:

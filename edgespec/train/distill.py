@@ -63,9 +63,9 @@ def generate_data(
     target_path: str, prompts: Sequence[str], out: Path, settings: DistillSettings = DistillSettings()
 ) -> dict:
     """Answer every prompt not yet in ``out``; returns counts (prompts, answer tokens, seconds)."""
-    from ..chat import ChatSettings, Message, prompt_tokens, stream_reply
+    from ..decoding.chat import ChatSettings, Message, prompt_tokens, stream_reply
+    from ..decoding.sampling import SamplingParams
     from ..engine.pair import EngineSettings, ModelPair
-    from ..sampling import SamplingParams
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

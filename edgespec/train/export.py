@@ -17,12 +17,14 @@ matmul through that embedding LoRA, where the flipped shapes do not fit: such dr
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import numpy as np
 
-from ..paths import sha256_file
+from ..errors import EdgespecError
+from ..models.paths import sha256_file
 
 # PEFT module name → GGUF tensor name of the weight it adapts
 _GGUF_NAMES = {
@@ -64,7 +66,7 @@ def embedding_tensors(mask_delta: np.ndarray, mask_ids, n_vocab: int, alpha: flo
 
 def base_info(base_gguf: str | Path) -> dict:
     """Architecture, vocabulary size and whether the output matrix is separate, from the draft GGUF."""
-    from ..randomgguf import read_header  # a fast header parser (gguf's reader is slow on big vocabularies)
+    from ..models.gguf_header import read_header
 
     kv, shapes = read_header(base_gguf)
     n_embd, n_vocab = shapes["token_embd.weight"][:2]  # ggml order
@@ -108,3 +110,34 @@ def export_adapter(state: dict, base_gguf: str | Path, out: str | Path, mask_ids
     writer.close()
     return {"path": str(out), "bytes": out.stat().st_size, "sha256": sha256_file(out),
             "base_sha256": base_sha, "tensors": len(tensors)}
+
+
+def ship(work: Path, dest: Path, name: str, command: str) -> dict:
+    """Copy ``work``'s adapter to ``dest/<name>.gguf`` with a record ``dest/<name>.json``: the run's
+    ``record.json`` plus the whole loss curve (``loss.csv``) and the command that made it."""
+    import shutil
+
+    from .loop import read_curve
+
+    run = json.loads((Path(work) / "record.json").read_text())
+    dest.mkdir(parents=True, exist_ok=True)
+    target = dest / f"{name}.gguf"
+    shutil.copyfile(run["adapter"]["path"], target)
+    sha = sha256_file(target)
+    if sha != run["adapter"]["sha256"]:
+        raise EdgespecError(f"copying {run['adapter']['path']} to {target} changed its sha256")
+    curve = read_curve(Path(work) / "loss.csv")
+    settings = run["train"]["settings"]
+    record = {
+        "adapter": target.name, "sha256": sha, "bytes": target.stat().st_size,
+        "base_sha256": run["adapter"]["base_sha256"], "base_model": Path(run["draft"]).name,
+        "target_model": Path(run["target"]).name, "k": settings["k"], "mask_ids": settings["mask_ids"],
+        "command": command, **{key: run[key] for key in (
+            "prompts", "data", "train", "load_seconds", "loss_first", "loss_last", "eval_before",
+            "eval_after", "check",
+        ) if key in run},
+        "loss_curve": {"columns": list(curve[0]) if curve else [],
+                       "rows": [list(row.values()) for row in curve]},
+    }
+    (dest / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
+    return record

@@ -1,6 +1,6 @@
 """The training prompt set: short coding and chat instructions, generated from templates.
 
-Disjoint from the bench sets on purpose (``edgespec.prompts`` and ``data/copy_prompts.toml``): the
+Disjoint from the bench sets on purpose (``edgespec.measure.prompts`` and ``data/copy_prompts.toml``): the
 drafter is measured on prompts it never saw. The set is deterministic (a fixed product of templates
 and subjects, shuffled with a fixed seed), so a data run can resume by prompt index.
 """

@@ -13,7 +13,7 @@ from importlib import resources
 from pathlib import Path
 
 from ..errors import EdgespecError
-from ..paths import sha256_file
+from .paths import sha256_file
 
 
 @dataclass(frozen=True)
@@ -59,34 +59,3 @@ def shipped_adapter(
             )
         return adapter
     return None
-
-
-def ship(work: Path, dest: Path, name: str, command: str) -> dict:
-    """Copy ``work``'s adapter to ``dest/<name>.gguf`` with a record ``dest/<name>.json``: the run's
-    ``record.json`` plus the whole loss curve (``loss.csv``) and the command that made it."""
-    import shutil
-
-    from .loop import read_curve
-
-    run = json.loads((Path(work) / "record.json").read_text())
-    dest.mkdir(parents=True, exist_ok=True)
-    target = dest / f"{name}.gguf"
-    shutil.copyfile(run["adapter"]["path"], target)
-    sha = sha256_file(target)
-    if sha != run["adapter"]["sha256"]:
-        raise EdgespecError(f"copying {run['adapter']['path']} to {target} changed its sha256")
-    curve = read_curve(Path(work) / "loss.csv")
-    settings = run["train"]["settings"]
-    record = {
-        "adapter": target.name, "sha256": sha, "bytes": target.stat().st_size,
-        "base_sha256": run["adapter"]["base_sha256"], "base_model": Path(run["draft"]).name,
-        "target_model": Path(run["target"]).name, "k": settings["k"], "mask_ids": settings["mask_ids"],
-        "command": command, **{key: run[key] for key in (
-            "prompts", "data", "train", "load_seconds", "loss_first", "loss_last", "eval_before",
-            "eval_after", "check",
-        ) if key in run},
-        "loss_curve": {"columns": list(curve[0]) if curve else [],
-                       "rows": [list(row.values()) for row in curve]},
-    }
-    (dest / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
-    return record
