@@ -63,7 +63,8 @@ def run_list(args) -> int:
         drafter = _drafter(pair)
         if drafter is not None:
             console.print(
-                f"parallel drafter of {pair.name}: {drafter['file']} (K={drafter['k']}, `--strategy parallelspec`)"
+                f"parallel drafter of {pair.name}: {drafter['file']} "
+                f"(K={drafter['k']}; --strategy parallelspec)"
             )
     console.print(f"models dir: {store.models_dir}")
     console.print(f"registry:   {', '.join(store.registry.files)}")
