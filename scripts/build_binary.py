@@ -34,7 +34,12 @@ ROOT = Path(__file__).resolve().parent.parent
 PYINSTALLER = "pyinstaller==6.22.3"
 BEYOND_AVX2 = ("AVX512", "AVX_VNNI", "AMX")  # compiled-in features an AVX2-only CPU lacks
 # Installed in a dev environment but never used by the app: keep them out of the binary.
-EXCLUDED = ("matplotlib", "PIL", "pytest", "_pytest", "torch", "gguf", "tkinter", "IPython", "pandas")
+# Not part of the app: tools and tests, and the training stack (`edgespec train` needs the `train`
+# extra and says so; CI installs it next to the app, where PyInstaller would otherwise bundle GBs of it).
+EXCLUDED = (
+    "matplotlib", "PIL", "pytest", "_pytest", "torch", "gguf", "tkinter", "IPython", "pandas",
+    "transformers", "peft", "accelerate", "safetensors", "sympy", "networkx", "tokenizers",
+)
 ENTRY = "import sys\nfrom edgespec.cli import main\nsys.exit(main())\n"
 
 
