@@ -344,13 +344,11 @@ class Context:
         not recomputed: cells decoded before the change keep the old weights' values."""
         with self._owner:
             self._live()
-            if adapter is None:
-                C.llama_set_adapters_lora(self.ptr, None, 0, None)
-                return
-            adapter._live()
-            adapters = (C.llama_adapter_lora_p_ctypes * 1)(adapter.ptr)
-            scales = (ctypes.c_float * 1)(scale)
-            C.llama_set_adapters_lora(self.ptr, adapters, 1, scales)
+            if adapter is not None:
+                adapter._live()
+            n = int(adapter is not None)  # llama.cpp takes arrays: one adapter, or none
+            adapters = (C.llama_adapter_lora_p_ctypes * 1)(adapter.ptr) if n else None
+            C.llama_set_adapters_lora(self.ptr, adapters, n, (ctypes.c_float * 1)(scale) if n else None)
 
     # -- KV memory --------------------------------------------------------------------------------
     def seq_rm(self, seq: int, p0: int, p1: int = -1) -> None:
