@@ -104,10 +104,12 @@ class DySpecPlanner(Planner):
         minimum=0,
         maximum=1,
     )
+    max_passes: int = param(0, "most draft passes per step (0: as many as the tree needs)", minimum=0)
     name = "dyspec"
 
     def describe(self) -> str:
-        return f"budget={self.budget}" + (f" t={self.threshold:g}" if self.threshold > 0 else "")
+        passes = f" passes≤{self.max_passes}" if self.max_passes else ""
+        return f"budget={self.budget}" + (f" t={self.threshold:g}" if self.threshold > 0 else "") + passes
 
     def plan(self, root_token: int, drafter: Drafter, ctx: PlanContext) -> DraftTree:
         tree = TreeBuilder(root_token)
@@ -133,6 +135,9 @@ class DySpecPlanner(Planner):
         residual: dict[int, Residual] = {}
         while heap and tree.size - 1 < budget:
             neg_v, _, node = heap[0]
+            if node not in residual and self.max_passes and decodes >= self.max_passes:
+                heapq.heappop(heap)  # no draft pass left this step: a node not drafted gets no children
+                continue
             if node not in residual:  # line 14, deferred: draft every pending slot that may still pop
                 room = budget - (tree.size - 1)
                 batch = sorted({u for _, _, u in heapq.nsmallest(room, heap) if u not in residual})
@@ -159,7 +164,7 @@ class DySpecPlanner(Planner):
         layer = [(0, 1.0)]  # (node, v: the value of its first draw)
         decodes, evaluated = 0, 0
         residual: dict[int, Residual] = {}
-        while layer and tree.size - 1 < budget:
+        while layer and tree.size - 1 < budget and not (self.max_passes and decodes >= self.max_passes):
             room = budget - (tree.size - 1)
             grow = sorted(layer, key=lambda nv: -nv[1])[:room]  # each must add ≥ 1 child to be worth it
             grow = sorted(nv for nv in grow if nv[1] >= t)
