@@ -14,7 +14,7 @@ import pytest
 from edgespec.decoding.chat import ChatSettings, Message, prompt_tokens
 from edgespec.decoding.decoder import Request, generate
 from edgespec.measure.prompts import ENGINE_PROMPTS
-from edgespec.planner.tree import TreeBuilder
+from edgespec.planner.tree import chain_tree
 
 BUNDLED_PAIR = "qwen2.5-coder-1.5b+0.5b"
 MAX_TOKENS = 128  # plain decoding runs this long; strategies compare on a prefix of it
@@ -38,14 +38,6 @@ def bundled_paths() -> tuple[str, str]:
 def chat_prompt(pair, text: str) -> list[int]:
     tokens, _ = prompt_tokens(pair, [Message("user", text)], ChatSettings(max_tokens=MAX_TOKENS))
     return tokens
-
-
-def chain_tree(tokens: list[int]):
-    tree = TreeBuilder(tokens[0])
-    node = 0
-    for token in tokens[1:]:
-        node = tree.add(node, token, 1.0)
-    return tree.freeze()
 
 
 def greedy_steps(pair, planner, text: str, max_tokens: int = MAX_TOKENS) -> list:

@@ -37,6 +37,7 @@ import numpy as np
 
 from ..models.paths import home_dir
 from ..planner.costmodel import CostModel
+from ..planner.tree import TreeBuilder, chain_tree
 
 PROFILE_VERSION = 1
 SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64)  # target verify and draft level sizes
@@ -286,29 +287,17 @@ def _context_tokens(n_vocab: int, length: int = CONTEXT_TOKENS) -> list[int]:
     return [(1009 + 7919 * i) % max(n_vocab - 1, 1) + 1 for i in range(length)]
 
 
-def _chain_tree(tokens: Sequence[int]):
-    from ..planner.tree import TreeBuilder
-
-    tree = TreeBuilder(tokens[0])
-    node = 0
-    for token in tokens[1:]:
-        node = tree.add(node, token, 1.0)
-    return tree.freeze()
-
-
 def _time_target(pair, base: list[int], n: int) -> float:
     target = pair.target
     target.sync(base[:-1])
     filler = _context_tokens(target.model.n_vocab, n + 7)[7:]
-    tree = _chain_tree([base[-1], *filler[: n - 1]])
+    tree = chain_tree([base[-1], *filler[: n - 1]])
     start = perf_counter()
     target.verify(tree)
     return perf_counter() - start
 
 
 def _time_draft_level(pair, base: list[int], n: int) -> float:
-    from ..planner.tree import TreeBuilder
-
     draft = pair.draft
     draft.sync(base)
     draft.begin_step(1.0)

@@ -169,6 +169,16 @@ class TreeBuilder:
         )
 
 
+def chain_tree(tokens: Sequence[int]) -> DraftTree:
+    """A tree that is one chain: ``tokens[0]`` the root, each next token the child of the one before
+    (to time or check verification of a given continuation)."""
+    tree = TreeBuilder(tokens[0])
+    node = 0
+    for token in tokens[1:]:
+        node = tree.add(node, token, 1.0)
+    return tree.freeze()
+
+
 class Drafter(Protocol):
     """The draft model as planners see it.
 
