@@ -13,8 +13,9 @@ import pytest
 
 from edgespec.decoding.chat import ChatSettings, Message, prompt_tokens
 from edgespec.decoding.decoder import Request, generate
+from edgespec.decoding.sampling import target_probs
 from edgespec.measure.prompts import ENGINE_PROMPTS
-from edgespec.planner.tree import chain_tree
+from edgespec.planner.tree import ChildRule, chain_tree
 
 BUNDLED_PAIR = "qwen2.5-coder-1.5b+0.5b"
 MAX_TOKENS = 128  # plain decoding runs this long; strategies compare on a prefix of it
@@ -40,27 +41,43 @@ def chat_prompt(pair, text: str) -> list[int]:
     return tokens
 
 
-def greedy_steps(pair, planner, text: str, max_tokens: int = MAX_TOKENS) -> list:
-    """Greedy generation of ``text`` with ``planner``, checking the structural exactness of every step:
-    token k of a step is the argmax of the verify row of the k-th node of its accepted path (lossless
-    planners only). Returns the steps that verified a tree."""
-    rows_argmax: list[np.ndarray] = []
+def steps_with_rows(pair, planner, request: Request, keep=np.copy) -> tuple[list, list]:
+    """The steps of ``request`` that verified a tree, each with ``keep`` of its verify rows (one row per
+    tree node; ``keep`` reduces them before the next decode reuses the buffer)."""
+    kept: list = []
     original = pair.target.verify
 
     def recording_verify(tree, *args):
         layout, rows = original(tree, *args)
-        rows_argmax.append(rows.argmax(axis=1))
+        kept.append(keep(rows))
         return layout, rows
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(pair.target, "verify", recording_verify)
-        request = Request(prompt=chat_prompt(pair, text), max_tokens=max_tokens)
         events = [e for e in generate(pair, planner, request) if e.verified_nodes]
-    assert len(events) == len(rows_argmax)
+    assert len(events) == len(kept)
+    return events, kept
+
+
+def greedy_steps(pair, planner, text: str, max_tokens: int = MAX_TOKENS) -> list:
+    """Greedy generation of ``text`` with ``planner``, checking the structural exactness of every step:
+    token k of a step is the argmax of the verify row of the k-th node of its accepted path (lossless
+    planners only). Returns the steps that verified a tree."""
+    request = Request(prompt=chat_prompt(pair, text), max_tokens=max_tokens)
+    events, rows_argmax = steps_with_rows(pair, planner, request, keep=lambda rows: rows.argmax(axis=1))
     for event, argmax in zip(events, rows_argmax):
         for k, token in enumerate(event.tokens):
             assert token.id == argmax[event.accepted_path[k]]
     return events
+
+
+def assert_sampled_in_nucleus(events: list, rows: list, params, note: str = "") -> None:
+    """Every step's children were sampled (residual rule) and every emitted token has p > 0 under the
+    target's sampling distribution at its verify row."""
+    for event, logits in zip(events, rows):
+        assert set(event.tree.child_rule.tolist()) <= {ChildRule.NONE, ChildRule.SAMPLED}
+        for k, token in enumerate(event.tokens):
+            assert target_probs(logits[event.accepted_path[k]], params)[token.id] > 0.0, note
 
 
 def decode_one_by_one(pair, prefix: list[int], tokens: list[int]) -> np.ndarray:

@@ -7,14 +7,13 @@ drafted. Sampling: the children are draws (residual rule) and every token lies i
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-from realmodels import chat_prompt, first_divergence
+from realmodels import assert_sampled_in_nucleus, chat_prompt, first_divergence, steps_with_rows
 
 from edgespec.decoding.decoder import Request, generate
-from edgespec.decoding.sampling import SamplingParams, target_probs
+from edgespec.decoding.sampling import SamplingParams
 from edgespec.planner.parallel import ParallelSpecPlanner
-from edgespec.planner.tree import ChildRule, DraftSetup
+from edgespec.planner.tree import DraftSetup
 
 pytestmark = pytest.mark.model
 
@@ -52,22 +51,9 @@ def test_greedy_equals_plain_decoding_in_one_draft_pass_per_step(parallel_pair, 
 def test_sampling_draws_children_and_stays_in_the_nucleus(parallel_pair):
     pair, spec = parallel_pair
     params = SamplingParams(temperature=0.8, top_p=0.9, seed=2)
-    rows: list[np.ndarray] = []
-    original = pair.target.verify
-
-    def recording_verify(tree, *args):
-        layout, logits = original(tree, *args)
-        rows.append(logits.copy())
-        return layout, logits
-
     request = Request(
         prompt=chat_prompt(pair, "Name three uses of a paperclip."), max_tokens=24, sampling=params
     )
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(pair.target, "verify", recording_verify)
-        events = [e for e in generate(pair, ParallelSpecPlanner(k=spec.k), request) if e.verified_nodes]
-    assert sum(len(e.tokens) for e in events) == 24 and len(events) == len(rows)
-    for event, logits in zip(events, rows):
-        assert set(event.tree.child_rule.tolist()) <= {ChildRule.NONE, ChildRule.SAMPLED}
-        for k, token in enumerate(event.tokens):
-            assert target_probs(logits[event.accepted_path[k]], params)[token.id] > 0.0
+    events, rows = steps_with_rows(pair, ParallelSpecPlanner(k=spec.k), request)
+    assert sum(len(e.tokens) for e in events) == 24
+    assert_sampled_in_nucleus(events, rows, params)

@@ -9,13 +9,12 @@ The copying strategies (``ngram``, ``hybrid``) also run on a code edit, where co
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-from realmodels import chat_prompt, first_divergence
+from realmodels import assert_sampled_in_nucleus, chat_prompt, first_divergence, steps_with_rows
 
 from edgespec.decoding.decoder import Request, generate
 from edgespec.decoding.events import Provenance
-from edgespec.decoding.sampling import SamplingParams, target_probs
+from edgespec.decoding.sampling import SamplingParams
 from edgespec.measure.prompts import PROMPT_SETS
 from edgespec.planner.strategies import build as make_planner
 from edgespec.planner.tree import ChildRule
@@ -93,27 +92,11 @@ def test_dyspec_sampling_over_a_seed_sweep(pair):
     accepted = 0
     for seed in range(8):
         params = SamplingParams(temperature=0.8, top_p=0.9, seed=seed)
-        rows: list[np.ndarray] = []
-        original = pair.target.verify
-
-        def recording_verify(tree, *args, original=original, rows=rows):
-            layout, logits = original(tree, *args)
-            rows.append(logits.copy())
-            return layout, logits
-
         request = Request(
             prompt=chat_prompt(pair, "Name three uses of a paperclip."), max_tokens=24, sampling=params
         )
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(pair.target, "verify", recording_verify)
-            events = [
-                e for e in generate(pair, make_planner("dyspec", {"budget": 12}), request) if e.verified_nodes
-            ]
-        assert len(events) == len(rows)
-        for event, logits in zip(events, rows):
-            assert set(event.tree.child_rule.tolist()) <= {ChildRule.NONE, ChildRule.SAMPLED}
-            for k, token in enumerate(event.tokens):
-                assert target_probs(logits[event.accepted_path[k]], params)[token.id] > 0.0, f"seed {seed}"
+        events, rows = steps_with_rows(pair, make_planner("dyspec", {"budget": 12}), request)
+        assert_sampled_in_nucleus(events, rows, params, f"seed {seed}")
         answers.add(tuple(t.id for e in events for t in e.tokens))
         accepted += sum(e.accepted for e in events)
     assert len(answers) > 1 and accepted > 0
