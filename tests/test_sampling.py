@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from sampling_reference import argpartition_top_k, full_vocabulary_top_k
 
-from edgespec.decoding.sampling import draft_dists, top2_margin
+from edgespec.decoding.sampling import argmax_margin, draft_dists
 
 QWEN_VOCAB = 151_936
 
@@ -84,14 +84,26 @@ def test_rows_near_and_past_the_exact_exp_range(shift):
     assert_same_top_k(rows, 32, 1.0, QWEN_VOCAB)
 
 
-def test_top2_margin_is_top_one_minus_top_two():
+def test_argmax_margin_is_first_maximum_and_top_one_minus_top_two():
     rng = np.random.default_rng(4)
-    rows = [np.round(rng.normal(0, 2, 50)).astype(np.float32) for _ in range(100)]  # many shared tops
+    rows = [np.round(rng.normal(0, 2, n)).astype(np.float32) for n in rng.integers(2, 300, 100)]  # shared tops
     rows += [np.array([7.0, 2.0], np.float32), np.array([2.0, 7.0], np.float32), np.ones(3, np.float32)]
-    rows.append(llm_like_rows(rng, 1, QWEN_VOCAB)[0])
+    rows += list(llm_like_rows(rng, 3, QWEN_VOCAB))
+    tail_top = llm_like_rows(rng, 1, QWEN_VOCAB)[0]
+    tail_top[-1] = tail_top.max() + 1  # the maximum in the short last block
+    rows.append(tail_top)
     for row in rows:
         top2 = np.sort(row)[-2:]
-        assert top2_margin(row) == float(top2[1] - top2[0])
+        assert argmax_margin(row) == (int(np.argmax(row)), float(top2[1] - top2[0]))
+
+
+def test_row_kernels_refuse_what_they_cannot_read():
+    with pytest.raises(ValueError, match="float"):
+        argmax_margin(np.zeros(10, np.float64))
+    with pytest.raises(ValueError, match="empty"):
+        argmax_margin(np.zeros(0, np.float32))
+    with pytest.raises(ValueError, match="contiguous"):
+        draft_dists(np.zeros((8, 100), np.float32)[:, ::2], 4, 1.0, 50)
 
 
 @pytest.mark.slow

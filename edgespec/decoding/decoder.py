@@ -17,7 +17,7 @@ import numpy as np
 
 from ..planner.tree import DraftTree, PlanContext, Planner, SparseDist
 from .events import EmittedToken, Provenance, StepEvent, StepTimings
-from .sampling import SamplingParams, draft_dists, sample, target_probs, top2_margin
+from .sampling import SamplingParams, argmax_margin, draft_dists, sample, target_probs
 from .text import Detokenizer, StopStrings
 from .verify import Verdict, verify_greedy, verify_sampling
 
@@ -116,8 +116,9 @@ def plain_step(target, root: int, params: SamplingParams, rng: np.random.Generat
     start, decoding = perf_counter(), target.ctx.decode_seconds
     row = target.decode_root(root)
     verified = perf_counter()
-    token = int(np.argmax(row)) if params.greedy else sample(target_probs(row, params), rng)
-    emitted = (EmittedToken(token, Provenance.TARGET, top2_margin(row)),)
+    best, margin = argmax_margin(row)
+    token = best if params.greedy else sample(target_probs(row, params), rng)
+    emitted = (EmittedToken(token, Provenance.TARGET, margin),)
     end = perf_counter()
     python = end - start - (target.ctx.decode_seconds - decoding)
     timings = StepTimings(verify=verified - start, bookkeeping=end - verified, python=python)
@@ -163,8 +164,8 @@ def speculative_step(
     start = perf_counter()
     layout, target_rows = target.verify(tree, root_row)  # pack + the one target decode
     verified = perf_counter()
-    verdict = decide(tree, target_rows, params, rng)
-    emitted = provenance(tree, verdict, target_rows)
+    verdict, path_tops = decide(tree, target_rows, params, rng)
+    emitted = provenance(tree, verdict, path_tops)
     target.commit(tree, layout, verdict.path, root_committed=root_row is not None)
     draft.commit(tree, verdict.path, verdict.next_token)
     end = perf_counter()
@@ -239,24 +240,37 @@ def target_candidates(row: np.ndarray, params: SamplingParams, k: int, vocab_lim
     return SparseDist(ids=best.astype(np.int32), probs=p[best])
 
 
-def decide(tree: DraftTree, target_rows: np.ndarray, params: SamplingParams, rng) -> Verdict:
-    """Apply the verification rule to the target's rows (one per tree node)."""
+def decide(
+    tree: DraftTree, target_rows: np.ndarray, params: SamplingParams, rng
+) -> tuple[Verdict, list[tuple[int, float]]]:
+    """Apply the verification rule to the target's rows (one per tree node). Also returns the
+    (argmax, margin) of each row on the accepted path, root first: what ``provenance`` reports."""
     if params.greedy:
-        return verify_greedy(tree, lambda node: int(np.argmax(target_rows[node])))
-    return verify_sampling(tree, lambda node: target_probs(target_rows[node], params), rng)
+        tops: dict[int, tuple[int, float]] = {}
+
+        def argmax_at(node: int) -> int:
+            tops[node] = argmax_margin(target_rows[node])  # each visited row read once
+            return tops[node][0]
+
+        verdict = verify_greedy(tree, argmax_at)
+        # Every path node was visited, except a LONGEST node (mcsd-target-init's root): its children
+        # are the target's candidates, walked without its argmax.
+        return verdict, [tops.get(node) or argmax_margin(target_rows[node]) for node in verdict.path]
+    verdict = verify_sampling(tree, lambda node: target_probs(target_rows[node], params), rng)
+    return verdict, [argmax_margin(target_rows[node]) for node in verdict.path]
 
 
-def provenance(tree: DraftTree, verdict: Verdict, target_rows: np.ndarray) -> tuple[EmittedToken, ...]:
-    """The committed tokens: accepted drafts (decided at their parent's row), then the target's own."""
+def provenance(
+    tree: DraftTree, verdict: Verdict, path_tops: list[tuple[int, float]]
+) -> tuple[EmittedToken, ...]:
+    """The committed tokens: accepted drafts (decided at their parent's row), then the target's own;
+    each with the target's margin at the row that decided it (``path_tops``: from ``decide``)."""
+    margins = [margin for _, margin in path_tops]
     emitted = [
-        EmittedToken(
-            int(tree.tokens[node]), _source(tree, node), top2_margin(target_rows[tree.parents[node]])
-        )
-        for node in verdict.path[1:]
+        EmittedToken(int(tree.tokens[node]), _source(tree, node), margins[i])
+        for i, node in enumerate(verdict.path[1:])
     ]
-    emitted.append(
-        EmittedToken(verdict.next_token, Provenance.TARGET, top2_margin(target_rows[verdict.path[-1]]))
-    )
+    emitted.append(EmittedToken(verdict.next_token, Provenance.TARGET, margins[-1]))
     return tuple(emitted)
 
 

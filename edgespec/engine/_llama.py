@@ -6,6 +6,7 @@ owner with ``close()``, and non-zero return codes become ``EngineError`` with wh
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import threading
@@ -68,13 +69,8 @@ class _Exclusive:
 
 def cpu_flags() -> set[str]:
     """The instruction-set flags of this CPU (Linux /proc/cpuinfo; empty elsewhere)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+        return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
     return set()
 
 
@@ -273,6 +269,7 @@ class Context:
         self.memory = C.llama_get_memory(self.ptr)
         self.n_vocab = model.n_vocab
         self._batch = C.llama_batch_init(settings.n_batch, 0, settings.n_seq_max)
+        self._logits_view, self._logits_address = np.empty((0, self.n_vocab), np.float32), 0
         self._owner = _Exclusive(f"the llama context of {os.path.basename(model.path)}")
         self.decode_seconds = 0.0  # running total of time inside llama_decode (callers take differences)
 
@@ -325,19 +322,23 @@ class Context:
         return rc
 
     def logits_rows(self, n_rows: int) -> np.ndarray:
-        """Zero-copy, read-only (n_rows, V) view of the output rows of the last decode, in batch order
-        of the tokens flagged for output.
+        """Zero-copy, read-only (n_rows, V) view of the last decode's output rows, in batch order.
 
-        Lifetime: valid only until this context's next ``decode`` (llama.cpp reuses, and may
-        reallocate, the buffer) or ``close``. Whoever keeps rows longer must ``.copy()`` them; in
-        edgespec every row is reduced (argmax, top-K, dense p) before the next decode, except the
-        target-root row of mcsd-target-init, which the decoder copies."""
+        Valid only until this context's next ``decode`` (llama.cpp reuses, and may reallocate, the
+        buffer) or ``close``: every row is reduced (argmax, top-K, dense p) before the next decode,
+        except mcsd-target-init's target-root row, which the decoder copies."""
         with self._owner:
             self._live()
-            ptr = C.llama_get_logits(self.ptr)
+            address = ctypes.addressof(C.llama_get_logits(self.ptr).contents)
+        # The buffer moves only when a decode needs more outputs than were reserved: keep the widest
+        # view at this address (a new one costs ~2 µs warm, ~50 µs right after a CPU decode).
+        view = self._logits_view
+        if address != self._logits_address or view.shape[0] < n_rows:
+            ptr = ctypes.cast(address, ctypes.POINTER(ctypes.c_float))
             view = np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_vocab))
-        view.flags.writeable = False
-        return view
+            view.flags.writeable = False
+            self._logits_view, self._logits_address = view, address
+        return view[:n_rows]
 
     def use_adapter(self, adapter: LoraAdapter | None, scale: float = 1.0) -> None:
         """Apply ``adapter`` to this context's decodes from now on (None: no adapter). The KV cache is

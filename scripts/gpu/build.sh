@@ -2,6 +2,8 @@
 # On the GPU machine: build llama.cpp's shared libraries with CUDA from gpu-kit/llama.cpp into
 # gpu-kit/lib (what LLAMA_CPP_LIB_PATH points the llama_cpp bindings at). Incremental: a second call
 # reuses gpu-kit/build. CUDA=OFF builds the CPU libraries instead (to test the kit without a GPU).
+# Also compiles edgespec's row kernels (edgespec/decoding/_rows.c) in place: the kit runs edgespec
+# from this source tree, not installed.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 KIT=gpu-kit
@@ -15,3 +17,4 @@ cmake --build "$KIT/build" --target llama -j "$(nproc)" >&2
 mkdir -p "$KIT/lib"
 find "$KIT/build" \( -name 'libllama.so*' -o -name 'libggml*.so*' \) -exec cp -P {} "$KIT/lib/" \;
 ls "$KIT/lib"
+${PYTHON:-python} -c "from setuptools import setup; setup()" build_ext --inplace >&2
