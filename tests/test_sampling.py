@@ -86,7 +86,8 @@ def test_rows_near_and_past_the_exact_exp_range(shift):
 
 def test_argmax_margin_is_first_maximum_and_top_one_minus_top_two():
     rng = np.random.default_rng(4)
-    rows = [np.round(rng.normal(0, 2, n)).astype(np.float32) for n in rng.integers(2, 300, 100)]  # shared tops
+    # rounded logits: many rows whose top is shared
+    rows = [np.round(rng.normal(0, 2, n)).astype(np.float32) for n in rng.integers(2, 300, 100)]
     rows += [np.array([7.0, 2.0], np.float32), np.array([2.0, 7.0], np.float32), np.ones(3, np.float32)]
     rows += list(llm_like_rows(rng, 3, QWEN_VOCAB))
     tail_top = llm_like_rows(rng, 1, QWEN_VOCAB)[0]

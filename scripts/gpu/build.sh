@@ -17,4 +17,8 @@ cmake --build "$KIT/build" --target llama -j "$(nproc)" >&2
 mkdir -p "$KIT/lib"
 find "$KIT/build" \( -name 'libllama.so*' -o -name 'libggml*.so*' \) -exec cp -P {} "$KIT/lib/" \;
 ls "$KIT/lib"
-${PYTHON:-python} -c "from setuptools import setup; setup()" build_ext --inplace >&2
+# the row kernels, with setup.py's flags (no setuptools needed here)
+PY_INCLUDE=$(${PYTHON:-python} -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+PY_SUFFIX=$(${PYTHON:-python} -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+${CC:-cc} -O3 -fno-trapping-math -fno-math-errno -Wno-psabi -shared -fPIC -I"$PY_INCLUDE" \
+  edgespec/decoding/_rows.c -o "edgespec/decoding/_rows$PY_SUFFIX"
