@@ -241,20 +241,18 @@ static Py_ssize_t row_top_k(const float *row, Py_ssize_t n, Py_ssize_t k, double
         peak = block_max[b] > peak ? block_max[b] : peak;
     float floor = top_floor(block_max, n_blocks, pool, heap);
 
-    Py_ssize_t n_candidates = 0; /* logits ≥ f, only in the blocks whose max is ≥ f */
+    Py_ssize_t hit_blocks = 0; /* the logits ≥ f lie only in the blocks whose max is ≥ f */
     for (Py_ssize_t b = 0; b < n_blocks; b++)
-        if (block_max[b] >= floor)
-            for (Py_ssize_t v = b * BLOCK; v < n && v < (b + 1) * BLOCK; v++)
-                n_candidates += row[v] >= floor;
-    Candidate *candidates = malloc(n_candidates * sizeof *candidates);
+        hit_blocks += block_max[b] >= floor;
+    Candidate *candidates = malloc((hit_blocks ? hit_blocks : 1) * BLOCK * sizeof *candidates);
     if (!candidates)
         return -1;
-    Py_ssize_t c = 0;
+    Py_ssize_t n_candidates = 0, c;
     for (Py_ssize_t b = 0; b < n_blocks; b++)
         if (block_max[b] >= floor)
             for (Py_ssize_t v = b * BLOCK; v < n && v < (b + 1) * BLOCK; v++)
                 if (row[v] >= floor)
-                    candidates[c++] = (Candidate){row[v], (int32_t)v};
+                    candidates[n_candidates++] = (Candidate){row[v], (int32_t)v};
     qsort(candidates, n_candidates, sizeof *candidates, by_logit_then_id);
 
     // p_i = exp((l_i − m)/T − log Z), in double.

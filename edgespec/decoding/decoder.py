@@ -164,8 +164,8 @@ def speculative_step(
     start = perf_counter()
     layout, target_rows = target.verify(tree, root_row)  # pack + the one target decode
     verified = perf_counter()
-    verdict, path_tops = decide(tree, target_rows, params, rng)
-    emitted = provenance(tree, verdict, path_tops)
+    verdict, path_margins = decide(tree, target_rows, params, rng)
+    emitted = provenance(tree, verdict, path_margins)
     target.commit(tree, layout, verdict.path, root_committed=root_row is not None)
     draft.commit(tree, verdict.path, verdict.next_token)
     end = perf_counter()
@@ -242,9 +242,9 @@ def target_candidates(row: np.ndarray, params: SamplingParams, k: int, vocab_lim
 
 def decide(
     tree: DraftTree, target_rows: np.ndarray, params: SamplingParams, rng
-) -> tuple[Verdict, list[tuple[int, float]]]:
-    """Apply the verification rule to the target's rows (one per tree node). Also returns the
-    (argmax, margin) of each row on the accepted path, root first: what ``provenance`` reports."""
+) -> tuple[Verdict, list[float]]:
+    """Apply the verification rule to the target's rows (one per tree node). Also returns the target's
+    top-1 − top-2 margin at each row on the accepted path, root first: what ``provenance`` reports."""
     if params.greedy:
         tops: dict[int, tuple[int, float]] = {}
 
@@ -255,22 +255,21 @@ def decide(
         verdict = verify_greedy(tree, argmax_at)
         # Every path node was visited, except a LONGEST node (mcsd-target-init's root): its children
         # are the target's candidates, walked without its argmax.
-        return verdict, [tops.get(node) or argmax_margin(target_rows[node]) for node in verdict.path]
-    verdict = verify_sampling(tree, lambda node: target_probs(target_rows[node], params), rng)
-    return verdict, [argmax_margin(target_rows[node]) for node in verdict.path]
+        tops_on_path = [tops.get(node) or argmax_margin(target_rows[node]) for node in verdict.path]
+    else:
+        verdict = verify_sampling(tree, lambda node: target_probs(target_rows[node], params), rng)
+        tops_on_path = [argmax_margin(target_rows[node]) for node in verdict.path]
+    return verdict, [margin for _, margin in tops_on_path]
 
 
-def provenance(
-    tree: DraftTree, verdict: Verdict, path_tops: list[tuple[int, float]]
-) -> tuple[EmittedToken, ...]:
+def provenance(tree: DraftTree, verdict: Verdict, path_margins: list[float]) -> tuple[EmittedToken, ...]:
     """The committed tokens: accepted drafts (decided at their parent's row), then the target's own;
-    each with the target's margin at the row that decided it (``path_tops``: from ``decide``)."""
-    margins = [margin for _, margin in path_tops]
+    each with the target's margin at the row that decided it (``path_margins``: from ``decide``)."""
     emitted = [
-        EmittedToken(int(tree.tokens[node]), _source(tree, node), margins[i])
-        for i, node in enumerate(verdict.path[1:])
+        EmittedToken(int(tree.tokens[node]), _source(tree, node), margin)
+        for node, margin in zip(verdict.path[1:], path_margins)
     ]
-    emitted.append(EmittedToken(verdict.next_token, Provenance.TARGET, margins[-1]))
+    emitted.append(EmittedToken(verdict.next_token, Provenance.TARGET, path_margins[-1]))
     return tuple(emitted)
 
 

@@ -329,12 +329,12 @@ class Context:
         except mcsd-target-init's target-root row, which the decoder copies."""
         with self._owner:
             self._live()
-            address = ctypes.addressof(C.llama_get_logits(self.ptr).contents)
+            ptr = C.llama_get_logits(self.ptr)
+            address = ctypes.addressof(ptr.contents)
         # The buffer moves only when a decode needs more outputs than were reserved: keep the widest
         # view at this address (a new one costs ~2 µs warm, ~50 µs right after a CPU decode).
         view = self._logits_view
         if address != self._logits_address or view.shape[0] < n_rows:
-            ptr = ctypes.cast(address, ctypes.POINTER(ctypes.c_float))
             view = np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_vocab))
             view.flags.writeable = False
             self._logits_view, self._logits_address = view, address
