@@ -53,8 +53,9 @@ def test_model_interpolates_and_extrapolates():
     assert model.t(40) == pytest.approx(6.0 + 0.5 * 32)  # past the table too
     assert model.d(5) == pytest.approx(0.5) and model.k(2) == pytest.approx(0.4)
     assert np.all(np.diff(model.target) >= 0)
+    # A measured dip is kept: a CPU backend's batched kernels make 16 tokens cheaper than 15.
     dip = CostProfile(target={1: 1.0, 2: 2.0, 3: 1.5, 4: 4.0}, draft={1: 1.0}, catchup={1: 1.0}).model(4)
-    assert dip.target.tolist() == [1.0, 2.0, 2.0, 4.0]  # a dip is noise: the curve never goes down
+    assert dip.target.tolist() == [1.0, 2.0, 1.5, 4.0]
 
 
 def test_profile_rows_and_json_round_trip(measured):

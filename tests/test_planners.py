@@ -373,6 +373,28 @@ def test_opt_tree_stops_earlier_where_a_draft_level_costs_its_size():
     assert depths["level"][0] < depths["one token"][0]
 
 
+def test_opt_tree_sizes_the_final_tree_by_the_cost_curves():
+    """With the cost curves, the final tree is the top m ≤ n for the step's best expected rate: a dip
+    in the verify curve (16 tokens cheaper than 15 or 17, as on a CPU's batched kernels) is taken,
+    flat verify costs keep all n, and the kept nodes are still the top m by p̂."""
+    from edgespec.planner.costmodel import CostModel
+
+    def plan(target_cost):
+        planner = OptTreePlanner(budget=16, delta=0.0, max_depth=6)
+        planner.use_costs(CostModel.from_functions(target_cost, lambda m: 0.0))
+        drafter = SyntheticDrafter.random(vocab=30, top_k=8, seed=9, sharpness=3.0)
+        return planner.plan(2, drafter, ctx()), drafter.tree
+
+    flat, _ = plan(lambda n: 1.0)
+    assert flat.size == 17
+    dip, drafted = plan(lambda n: 0.6 if n == 16 else 1.0 + 0.01 * n)
+    assert dip.size == 16  # 15 draft tokens and the root: the cheap batch
+    keep = top_nodes(np.asarray(drafted.path_prob), 15)
+    assert sorted(np.asarray(drafted.path_prob)[keep]) == pytest.approx(sorted(dip.path_prob[1:]))
+    steep, _ = plan(lambda n: float(n))  # every token costs a decode: speculation cannot pay
+    assert steep.size == 1
+
+
 # -- DySpec ------------------------------------------------------------------------------------------
 def reference_alg1(dist_for, root: int, m: int, seed: int | None):
     """DySpec Algorithm 1 as printed: one draft call per node, the residual R kept explicitly."""

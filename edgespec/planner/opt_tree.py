@@ -16,7 +16,10 @@ Algorithm 1, level by level (one batched draft decode per level):
    level of the m nodes about to be expanded over verifying the tree's n + 1 tokens. One draft token
    over one target token, c_d(1) / c_t(1), would undercount a level of m nodes wherever that costs
    more than one decode (on a CPU, about m decodes) and grow trees too deep;
-4. finally keep the n nodes with the largest p̂ overall.
+4. finally keep the n nodes with the largest p̂ overall — with the pair's cost curves, the m ≤ n
+   best, m chosen for the step's expected rate (1 + E_sub(T, m)) / (drafting + c_t(m + 1)): the paper
+   picks n for the hardware, and the verify curve is not smooth (on a CPU, 16 tokens can cost a
+   fifth less than 15 or 17; see ``edgespec.measure.costs``), so the size is chosen per step.
 
 A free saving over the paper: a layer node outside the current overall top n can never enter the
 final top n, nor can its descendants (p̂ only shrinks downwards, and the n-th best only grows), so
@@ -37,7 +40,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import params
-from .costmodel import CostModel
+from .costmodel import CostModel, best_size
 from .params import param
 from .tree import ChildRule, Drafter, DraftTree, PlanContext, Planner, PlanStats, TreeBuilder
 from .tsd import best_by_path_prob
@@ -68,7 +71,9 @@ def subtree(tree: TreeBuilder, keep: np.ndarray) -> TreeBuilder:
 @dataclass
 class OptTreePlanner(Planner):
     # n: the paper uses 25–60 nodes in all
-    budget: int = param(24, "n: draft tokens in the tree, root excluded", minimum=1)
+    budget: int = param(
+        24, "n: draft tokens in the tree, root excluded (with a cost profile: at most n)", minimum=1
+    )
     mu: float | None = param(None, params.MU, kind="float", minimum=0)  # None → measured (use_costs)
     delta: float | None = param(
         None, "δ: stop deepening when E(A) grows by less (default: μ, break-even)", kind="float"
@@ -104,9 +109,11 @@ class OptTreePlanner(Planner):
         n = min(self.budget, ctx.max_nodes - 1)
         capacity = ctx.max_nodes - 1  # nodes besides the root the draft may evaluate (its sequences)
         layer, e_old, decodes, evaluated = [0], 0.0, 0, 0
+        drafting = 0.0  # seconds of draft levels, from the cost curves
         for _ in range(self.max_depth if n > 0 else 0):
             dists = drafter.expand(tree, layer)
             decodes += 1
+            drafting += self.costs.d(len(layer)) if self.costs is not None else 0.0
             evaluated += len(layer) - (1 if layer == [0] else 0)
             children = self._next_layer(tree, layer, dists, n)
             e_new = float(np.sort(np.asarray(tree.path_prob[1:]))[::-1][:n].sum())  # E_sub(T, n)
@@ -117,13 +124,20 @@ class OptTreePlanner(Planner):
             layer = best_by_path_prob(tree, [u for u in children if u in kept], capacity - evaluated)
             if not layer or gain < self.threshold(len(layer), n):  # the last gain vs the next level's cost
                 break
-        out = subtree(tree, top_nodes(np.asarray(tree.path_prob), n))
+        out = subtree(tree, top_nodes(np.asarray(tree.path_prob), self._final_size(tree, n, drafting)))
         stats = PlanStats(
             draft_decodes=decodes,
             drafted_nodes=evaluated + (1 if decodes else 0),
             expected_accept=float(sum(out.path_prob[1:])),
         )
         return out.freeze(stats)
+
+    def _final_size(self, tree: TreeBuilder, n: int, drafting: float) -> int:
+        """n; with the cost curves, the m ≤ n whose top-m tree has the best expected rate."""
+        if self.costs is None:
+            return n
+        best_phat = np.sort(np.asarray(tree.path_prob[1:]))[::-1]
+        return best_size(0.0, 0, best_phat, drafting, 1.0, self.costs, n).m
 
     @staticmethod
     def _next_layer(tree: TreeBuilder, layer: list[int], dists, n: int) -> list[int]:
