@@ -298,6 +298,37 @@ def test_auto_copies_where_the_draft_cannot_pay():
     assert tree.size == 1 and planner.steps[PLAIN] == 1
 
 
+def test_auto_learns_the_copy_steps_calibration_and_forgets_it():
+    """Copy trees whose first copies fail make later copy trees of the same promise lose to plain
+    decoding (r_c = accepted ÷ predicted of the copy steps); every step fades that evidence towards
+    the prior, so copying is tried again."""
+    planner = AutoPlanner(costs=AVX512)
+    drafter = confident(q=0.5)
+    history = [1, 2, *CODE, 3, 4, 5, *CODE[:6]]
+
+    def copy_step():
+        tree = planner.plan(CODE[6], drafter, copy_ctx(history))
+        return tree, planner._mode == COPY
+
+    tree, copied = copy_step()
+    assert copied
+    failed = StepEvent(
+        tokens=(), text="", drafted=tree.size - 1, accepted=0, timings=StepTimings(), tree=tree,
+        accepted_path=(0,), verified_nodes=tree.size, expected_accept=tree.stats.expected_accept,
+    )
+    for _ in range(3):
+        planner.observe(failed)
+    assert planner.copy_accepted / planner.copy_predicted < 0.5
+    _, copied = copy_step()
+    assert not copied  # the same copies no longer beat plain decoding
+    plain = StepEvent(tokens=(), text="", drafted=0, accepted=0, timings=StepTimings())
+    for _ in range(150):
+        planner.observe(plain)
+    assert planner.copy_accepted / planner.copy_predicted > 0.95
+    _, copied = copy_step()
+    assert copied
+
+
 def test_auto_grafts_copies_onto_the_draft_tree():
     planner = AutoPlanner(costs=memory_bound())  # the draft pays here
     drafter = confident(q=0.9)

@@ -33,8 +33,10 @@ profile, see ``edgespec.measure.costs``). Plain decoding is the tree with only t
 
 6. **Copies.** Every step also looks up continuations in the conversation (``ngram.Copier``): free
    candidates, no draft time. Copies alone are verified when their best size's rate
-   (1 + Σ p̂) / c_t(n + 1) beats plain decoding and the draft's forecast — so copying pays where the
-   draft cannot (``COPY`` steps). When the draft's tree is grown, copies at least as likely as its
+   (1 + r_c · Σ p̂) / c_t(n + 1) beats plain decoding and the draft's forecast (``COPY`` steps), r_c
+   the copy steps' accepted ÷ predicted (prior 1 worth COPY_PRIOR tokens, fading every step, so
+   copying is tried again: per copy the rates are right, but a mid-length match whose first copy
+   fails takes its whole tree with it). Growing the draft's tree, copies at least as likely as its
    least likely node are grafted on (the hybrid; a token both propose is one node).
 
 Children are the draft's most likely tokens (``ChildRule.TOP``): the one-hot rule verifies them
@@ -76,6 +78,7 @@ STEP_PRIOR = 2.0  # within a step, the running profile counts as this many of th
 DECAY = 0.97  # per observed speculative step: older steps fade
 HORIZON = 8  # the draft's catch-up after plain steps is spread over this many speculative steps
 MARGIN = 0.03  # speculate when the forecast beats plain decoding by this fraction
+COPY_PRIOR = 8.0  # r_c's prior (1) counts as this many predicted copied tokens
 MODES = PLAIN, SPECULATE, PROBE, COPY, PARALLEL = "plain", "speculate", "probe", "copy", "parallel"
 
 
@@ -114,6 +117,8 @@ class AutoPlanner(Planner):
     batch_factor: float = field(default=1.0, repr=False)
     draft_factor: float = field(default=1.0, repr=False)
     # one-pass trees: decayed Σ accepted and Σ p̂, and the expected length and size chosen (EMA)
+    copy_accepted: float = field(default=COPY_PRIOR, repr=False)  # decayed Σ accepted, copy steps
+    copy_predicted: float = field(default=COPY_PRIOR, repr=False)  # decayed Σ p̂ of their trees
     par_accepted: float = field(default=PRIOR_WEIGHT, repr=False)
     par_predicted: float = field(default=PRIOR_WEIGHT, repr=False)
     par_expected: float = field(default=1.0, repr=False)  # prior: one token per step
@@ -251,7 +256,8 @@ class AutoPlanner(Planner):
         if self.costs is None or trie.size == 1:
             return 0
         pool = np.sort(trie.phat[1:])[::-1]
-        copies = best_size(0.0, 0, pool, 0.0, 1.0, self._eff, cap)
+        r_copy = min(self.copy_accepted / self.copy_predicted, 1.25)
+        copies = best_size(0.0, 0, pool, 0.0, r_copy, self._eff, cap)
         rival = (1.0 + MARGIN) / self._plain
         if self._mode in (SPECULATE, PARALLEL):
             rival = max(rival, self._forecast_rate)
@@ -360,6 +366,12 @@ class AutoPlanner(Planner):
     def observe(self, event) -> None:
         """What the step did (a ``StepEvent``): the decoder calls this after every step."""
         self.copier.observe(event.tree, event.accepted_path)  # the copies' acceptance rates
+        # r_c: every step fades the evidence towards the prior (DECAY), copy steps add theirs
+        self.copy_accepted = DECAY * self.copy_accepted + (1 - DECAY) * COPY_PRIOR
+        self.copy_predicted = DECAY * self.copy_predicted + (1 - DECAY) * COPY_PRIOR
+        if self._mode == COPY:
+            self.copy_accepted += event.accepted
+            self.copy_predicted += event.expected_accept
         if self.costs is None or self._ceiling_ok is False:
             return  # no draft trees for good: nothing else to learn
         seconds = event.timings.total
