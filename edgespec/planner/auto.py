@@ -116,9 +116,9 @@ class AutoPlanner(Planner):
     # measured ÷ profiled cost: corrects a profile taken on a busy machine, whatever the current load
     batch_factor: float = field(default=1.0, repr=False)
     draft_factor: float = field(default=1.0, repr=False)
-    # one-pass trees: decayed Σ accepted and Σ p̂, and the expected length and size chosen (EMA)
     copy_accepted: float = field(default=COPY_PRIOR, repr=False)  # decayed Σ accepted, copy steps
     copy_predicted: float = field(default=COPY_PRIOR, repr=False)  # decayed Σ p̂ of their trees
+    # one-pass trees: decayed Σ accepted and Σ p̂, and the expected length and size chosen (EMA)
     par_accepted: float = field(default=PRIOR_WEIGHT, repr=False)
     par_predicted: float = field(default=PRIOR_WEIGHT, repr=False)
     par_expected: float = field(default=1.0, repr=False)  # prior: one token per step
