@@ -326,24 +326,21 @@ static PyObject *top_k(PyObject *self, PyObject *args)
     double temperature;
     if (!PyArg_ParseTuple(args, "OndOOO", &rows_obj, &k, &temperature, &banned_obj, &ids_obj, &probs_obj))
         return NULL;
-    Py_buffer rows, banned, ids, probs;
-    if (get_buffer(rows_obj, &rows, "f", 2, 0, "rows") < 0)
-        return NULL;
-    if (get_buffer(banned_obj, &banned, "i", 1, 0, "banned") < 0) {
-        PyBuffer_Release(&rows);
-        return NULL;
-    }
-    if (get_buffer(ids_obj, &ids, "i", 2, 1, "ids") < 0) {
-        PyBuffer_Release(&rows);
-        PyBuffer_Release(&banned);
-        return NULL;
-    }
-    if (get_buffer(probs_obj, &probs, "d", 2, 1, "probs") < 0) {
-        PyBuffer_Release(&rows);
-        PyBuffer_Release(&banned);
-        PyBuffer_Release(&ids);
+    /* rows, banned, ids, probs: acquired in order; on a refusal, the ones acquired are released */
+    PyObject *objects[4] = {rows_obj, banned_obj, ids_obj, probs_obj};
+    static const char *formats[4] = {"f", "i", "i", "d"}, *names[4] = {"rows", "banned", "ids", "probs"};
+    static const int dims[4] = {2, 1, 2, 2}, writable[4] = {0, 0, 1, 1};
+    Py_buffer views[4];
+    int acquired = 0;
+    while (acquired < 4 && get_buffer(objects[acquired], &views[acquired], formats[acquired], dims[acquired],
+                                      writable[acquired], names[acquired]) == 0)
+        acquired++;
+    if (acquired < 4) {
+        while (acquired > 0)
+            PyBuffer_Release(&views[--acquired]);
         return NULL;
     }
+    Py_buffer rows = views[0], banned = views[1], ids = views[2], probs = views[3];
     Py_ssize_t n_rows = rows.shape[0], n = rows.shape[1], n_banned = banned.shape[0];
     Py_ssize_t taken = 0;
     const char *problem = NULL;
@@ -366,10 +363,8 @@ static PyObject *top_k(PyObject *self, PyObject *args)
             problem = "top_k: out of memory";
     }
     free(scratch);
-    PyBuffer_Release(&rows);
-    PyBuffer_Release(&banned);
-    PyBuffer_Release(&ids);
-    PyBuffer_Release(&probs);
+    for (int v = 0; v < 4; v++)
+        PyBuffer_Release(&views[v]);
     if (problem) {
         PyErr_SetString(PyExc_ValueError, problem);
         return NULL;
