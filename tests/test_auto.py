@@ -318,13 +318,13 @@ def test_auto_learns_the_copy_steps_calibration_and_forgets_it():
     )
     for _ in range(3):
         planner.observe(failed)
-    assert planner.copy_accepted / planner.copy_predicted < 0.5
+    assert planner.copies.ratio < 0.5
     _, copied = copy_step()
     assert not copied  # the same copies no longer beat plain decoding
     plain = StepEvent(tokens=(), text="", drafted=0, accepted=0, timings=StepTimings())
     for _ in range(150):
         planner.observe(plain)
-    assert planner.copy_accepted / planner.copy_predicted > 0.95
+    assert planner.copies.ratio > 0.95
     _, copied = copy_step()
     assert copied
 

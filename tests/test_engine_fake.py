@@ -149,6 +149,25 @@ def test_steps_without_drafting_keep_both_caches_consistent():
     _assert_cache_is_committed(pair.draft)
 
 
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=0.9, top_k=20, seed=11)])
+def test_a_planner_that_drafts_nothing_is_plain_decoding(sampling):
+    """Root-only trees take the decoder's plain path: the same tokens, margins and random draws as
+    plain decoding, one target decode per token, the draft untouched until it has something to do."""
+    from treeplanners import SometimesSilentPlanner
+
+    plain_tokens, plain_events = _run(FakePair(), None, 30, sampling)
+    pair = FakePair()
+    tokens, events = _run(pair, SometimesSilentPlanner(period=10**6), 30, sampling)  # never drafts
+    assert tokens == plain_tokens
+    margins = [t.margin for e in events for t in e.tokens]
+    assert margins == [t.margin for e in plain_events for t in e.tokens]
+    steps = [e for e in events if e.verified_nodes]
+    assert all(e.verified_nodes == 1 and e.accepted_path == (0,) and e.leaves == 1 for e in steps)
+    assert pair.target.ctx.decodes == len(tokens) + 1  # the prompt, then one decode per token
+    assert pair.draft.ctx.decodes == 1  # the prompt's prefill only
+    assert len(pair.draft.pending) == len(tokens) + 1  # the draft catches up when it drafts
+
+
 STRATEGIES = ["chain", "tsd", "gsd", "opt-tree", "dyspec", "mcsd", "ngram", "hybrid"]
 
 

@@ -116,14 +116,20 @@ def plain_step(target, root: int, params: SamplingParams, rng: np.random.Generat
     start, decoding = perf_counter(), target.ctx.decode_seconds
     row = target.decode_root(root)
     verified = perf_counter()
-    best, margin = argmax_margin(row)
-    token = best if params.greedy else sample(target_probs(row, params), rng)
+    token, margin = choose(row, params, rng)
     emitted = (EmittedToken(token, Provenance.TARGET, margin),)
     end = perf_counter()
     python = end - start - (target.ctx.decode_seconds - decoding)
     timings = StepTimings(verify=verified - start, bookkeeping=end - verified, python=python)
     event = StepEvent(tokens=emitted, text="", drafted=0, accepted=0, timings=timings)
     return _Step(emitted, token, event)
+
+
+def choose(row: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> tuple[int, float]:
+    """The target's token after ``row`` (its argmax, or a draw from p) and its top-1 − top-2 margin.
+    The same draw as ``verify_sampling`` at a node without children."""
+    best, margin = argmax_margin(row)
+    return (best if params.greedy else sample(target_probs(row, params), rng)), margin
 
 
 # -- speculative decoding ---------------------------------------------------------------------------
@@ -162,11 +168,18 @@ def speculative_step(
     history = target.committed if root_row is None else target.committed[:-1]  # before the root
     tree, plan_seconds = plan(draft, planner, root, params, rng, max_nodes, root_row, history, fresh)
     start = perf_counter()
-    layout, target_rows = target.verify(tree, root_row)  # pack + the one target decode
-    verified = perf_counter()
-    verdict, path_margins = decide(tree, target_rows, params, rng)
-    emitted = provenance(tree, verdict, path_margins)
-    target.commit(tree, layout, verdict.path, root_committed=root_row is not None)
+    if tree.size == 1 and root_row is None:
+        # Nothing drafted (auto's plain steps, a copier without a match): plain decoding, without
+        # packing, walking or re-tagging a one-node tree. Same token, same draw.
+        token, margin = choose(target.decode_root(root), params, rng)
+        verified = perf_counter()
+        verdict, emitted = Verdict((0,), token), (EmittedToken(token, Provenance.TARGET, margin),)
+    else:
+        layout, target_rows = target.verify(tree, root_row)  # pack + the one target decode
+        verified = perf_counter()
+        verdict, path_margins = decide(tree, target_rows, params, rng)
+        emitted = provenance(tree, verdict, path_margins)
+        target.commit(tree, layout, verdict.path, root_committed=root_row is not None)
     draft.commit(tree, verdict.path, verdict.next_token)
     end = perf_counter()
     timings = StepTimings(
@@ -186,11 +199,11 @@ def speculative_step(
         accepted_path=verdict.path,
         verified_nodes=tree.size,
         draft_decodes=draft.decodes,
-        depth=int(tree.depth.max()),
-        leaves=len(tree.leaves),
+        depth=int(tree.depth.max()) if tree.size > 1 else 0,
+        leaves=len(tree.leaves) if tree.size > 1 else 1,
         expected_accept=tree.stats.expected_accept,
         merges=tree.stats.merges,
-        graph_success=bool(tree.merged[list(verdict.path)].any()),
+        graph_success=tree.size > 1 and bool(tree.merged[list(verdict.path)].any()),
     )
     planner.observe(event)  # planners that learn from outcomes (auto, the copiers' acceptance rates)
     return _Step(emitted, verdict.next_token, event)

@@ -33,10 +33,8 @@ profile, see ``edgespec.measure.costs``). Plain decoding is the tree with only t
 
 6. **Copies.** Every step also looks up continuations in the conversation (``ngram.Copier``): free
    candidates, no draft time. Copies alone are verified when their best size's rate
-   (1 + r_c · Σ p̂) / c_t(n + 1) beats plain decoding and the draft's forecast (``COPY`` steps), r_c
-   the copy steps' accepted ÷ predicted (prior 1 worth COPY_PRIOR tokens, fading every step, so
-   copying is tried again: per copy the rates are right, but a mid-length match whose first copy
-   fails takes its whole tree with it). Growing the draft's tree, copies at least as likely as its
+   (1 + r_c · Σ p̂) / c_t(n + 1) beats plain decoding and the draft's forecast (``COPY`` steps; r_c
+   and the rule in ``auto_copies``). Growing the draft's tree, copies at least as likely as its
    least likely node are grafted on (the hybrid; a token both propose is one node).
 
 Children are the draft's most likely tokens (``ChildRule.TOP``): the one-hot rule verifies them
@@ -52,8 +50,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import params
+from .auto_copies import CopySteps
 from .costmodel import Choice, CostModel, best_size, ceiling, deepen, parallel_ceiling, simulate
-from .ngram import Copier, CopyTrie
+from .ngram import CopyTrie
 from .parallel import ADAPTER_HELP, grow
 from .params import param
 from .tree import (
@@ -78,7 +77,6 @@ STEP_PRIOR = 2.0  # within a step, the running profile counts as this many of th
 DECAY = 0.97  # per observed speculative step: older steps fade
 HORIZON = 8  # the draft's catch-up after plain steps is spread over this many speculative steps
 MARGIN = 0.03  # speculate when the forecast beats plain decoding by this fraction
-COPY_PRIOR = 8.0  # r_c's prior (1) counts as this many predicted copied tokens
 MODES = PLAIN, SPECULATE, PROBE, COPY, PARALLEL = "plain", "speculate", "probe", "copy", "parallel"
 
 
@@ -111,13 +109,11 @@ class AutoPlanner(Planner):
     plain_seconds: float | None = field(default=None, repr=False)  # measured plain step time (EMA)
     credit: float = field(default=0.0, repr=False)  # seconds probes may still lose
     steps: dict = field(default_factory=lambda: dict.fromkeys(MODES, 0), repr=False)
-    copier: Copier = field(default_factory=Copier, repr=False)  # continuations from the conversation
+    copies: CopySteps = field(default_factory=CopySteps, repr=False)  # from the conversation, and r_c
     # measured ÷ profiled cost of batches (n ≥ 2) and of drafting, relative to plain decoding's
     # measured ÷ profiled cost: corrects a profile taken on a busy machine, whatever the current load
     batch_factor: float = field(default=1.0, repr=False)
     draft_factor: float = field(default=1.0, repr=False)
-    copy_accepted: float = field(default=COPY_PRIOR, repr=False)  # decayed Σ accepted, copy steps
-    copy_predicted: float = field(default=COPY_PRIOR, repr=False)  # decayed Σ p̂ of their trees
     # one-pass trees: decayed Σ accepted and Σ p̂, and the expected length and size chosen (EMA)
     par_accepted: float = field(default=PRIOR_WEIGHT, repr=False)
     par_predicted: float = field(default=PRIOR_WEIGHT, repr=False)
@@ -150,6 +146,7 @@ class AutoPlanner(Planner):
         target[1:] *= self.batch_factor
         self._eff = CostModel(target, c.draft * self.draft_factor, c.catchup * self.draft_factor, c.overhead)
         self._eff_factors = (self.batch_factor, self.draft_factor)
+        self.copies.use_costs(self._eff, self.budget)
         self._forecast = None
         self._ceiling_ok = None
 
@@ -230,7 +227,7 @@ class AutoPlanner(Planner):
     def plan(self, root_token: int, drafter: Drafter, ctx: PlanContext) -> DraftTree:
         cap = min(self.budget, ctx.max_nodes - 1)
         pending = len(drafter.pending) or 1  # tokens the draft has yet to decode
-        trie = self.copier.propose(root_token, ctx)  # free candidates, whatever is decided
+        trie = self.copies.propose(root_token, ctx)  # free candidates, whatever is decided
         self._mode = self.decide(pending, cap)
         copies = self._copies_alone(trie, cap)
         if copies:
@@ -238,7 +235,7 @@ class AutoPlanner(Planner):
         self.steps[self._mode] += 1
         if self._mode == COPY:  # no draft work; the draft catches up later
             self._draft_predicted = 0.0
-            tree = self.copier.copy_tree(trie, trie.best(copies))
+            tree = self.copies.tree(trie, copies)
             self._last_drafted = tree.size - 1
             return tree
         if self._mode == PLAIN:
@@ -251,17 +248,13 @@ class AutoPlanner(Planner):
         return self._grow(root_token, drafter, cap, pending, self.ratio, self.profile, trie)
 
     def _copies_alone(self, trie: CopyTrie, cap: int) -> int:
-        """How many copies to verify alone (the top by p̂): the best size when its rate beats plain
-        decoding and the draft's forecast, else 0. Copying takes no draft time: (1 + Σ p̂) / c_t(n + 1)."""
-        if self.costs is None or trie.size == 1:
+        """How many copies to verify alone: 0 unless they beat plain decoding and the draft's forecast."""
+        if self.costs is None:
             return 0
-        pool = np.sort(trie.phat[1:])[::-1]
-        r_copy = min(self.copy_accepted / self.copy_predicted, 1.25)
-        copies = best_size(0.0, 0, pool, 0.0, r_copy, self._eff, cap)
         rival = (1.0 + MARGIN) / self._plain
         if self._mode in (SPECULATE, PARALLEL):
             rival = max(rival, self._forecast_rate)
-        return copies.m if copies.rate > rival else 0
+        return self.copies.alone(trie, cap, rival)
 
     def _grow(
         self,
@@ -313,7 +306,7 @@ class AutoPlanner(Planner):
             self._add(tree, c)
         if tree.size > 1 and trie.size > 1:  # the hybrid: copies as likely as the least likely node
             graft = trie.best(cap - (tree.size - 1), min(tree.path_prob[1:]))
-            self.copier.grow(tree, trie, graft, {0: 0})
+            self.copies.copier.grow(tree, trie, graft, {0: 0})
         self._draft_predicted = spent / self.draft_factor
         self._last_drafted = tree.size - 1
         stats = PlanStats(
@@ -321,7 +314,7 @@ class AutoPlanner(Planner):
             drafted_nodes=evaluated,
             expected_accept=float(sum(tree.path_prob[1:])),
         )
-        return self.copier.remember(tree.freeze(stats))
+        return self.copies.copier.remember(tree.freeze(stats))
 
     def _one_pass(self, root_token: int, drafter: Drafter, ctx: PlanContext, cap: int, pending: int):
         """ParallelSpec's tree: one draft pass of the pending tokens and K masks, then the size that
@@ -365,13 +358,7 @@ class AutoPlanner(Planner):
     # -- learning ---------------------------------------------------------------------------------
     def observe(self, event) -> None:
         """What the step did (a ``StepEvent``): the decoder calls this after every step."""
-        self.copier.observe(event.tree, event.accepted_path)  # the copies' acceptance rates
-        # r_c: every step fades the evidence towards the prior (DECAY), copy steps add theirs
-        self.copy_accepted = DECAY * self.copy_accepted + (1 - DECAY) * COPY_PRIOR
-        self.copy_predicted = DECAY * self.copy_predicted + (1 - DECAY) * COPY_PRIOR
-        if self._mode == COPY:
-            self.copy_accepted += event.accepted
-            self.copy_predicted += event.expected_accept
+        self.copies.observe(event, copied=self._mode == COPY)
         if self.costs is None or self._ceiling_ok is False:
             return  # no draft trees for good: nothing else to learn
         seconds = event.timings.total

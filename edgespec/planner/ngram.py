@@ -125,6 +125,7 @@ class CopyTrie:
     tokens: list[int]
     parents: list[int] = field(default_factory=lambda: [-1])
     weight: list[float] = field(default_factory=lambda: [0.0])  # Σ WEIGHT_BASE**n of matches through it
+    kids_weight: list[float] = field(default_factory=lambda: [0.0])  # Σ weight of its children
     agree: list[int] = field(default_factory=lambda: [0])  # the longest context agreement through it
     kids: list[dict[int, int]] = field(default_factory=lambda: [{}])  # token → child
     q: np.ndarray | None = None  # (n,) estimated acceptance given the parent (set by ``estimate``)
@@ -144,28 +145,29 @@ class CopyTrie:
                 self.tokens.append(int(token))
                 self.parents.append(node)
                 self.weight.append(0.0)
+                self.kids_weight.append(0.0)
                 self.agree.append(0)
                 self.kids.append({})
                 self.kids[node][int(token)] = kid
             self.weight[kid] += w
+            self.kids_weight[node] += w
             self.agree[kid] = max(self.agree[kid], match_len + depth - 1)
             node = kid
 
     def estimate(self, rate_of: np.ndarray) -> None:
-        """q = r(agreement) · share among siblings; p̂ = Π q (``rate_of[a]``: r for agreement a)."""
-        n = self.size
-        parents = np.asarray(self.parents, dtype=np.int64)
-        weight = np.asarray(self.weight)
-        sibling_total = np.zeros(n)
-        np.add.at(sibling_total, parents[1:], weight[1:])  # Σ weights of each node's children
-        self.share = np.ones(n)
-        self.share[1:] = weight[1:] / sibling_total[parents[1:]]
-        agree = np.minimum(np.asarray(self.agree), AGREE_BINS - 1)
-        self.q = np.ones(n)
-        self.q[1:] = np.minimum(rate_of[agree[1:]] * self.share[1:], Q_MAX)
-        self.phat = np.ones(n)
-        for node in range(1, n):  # parents come first
-            self.phat[node] = self.phat[parents[node]] * self.q[node]
+        """q = r(agreement) · share among siblings; p̂ = Π q (``rate_of[a]``: r for agreement a).
+
+        One pass in plain Python: a step's trie has a few dozen nodes, fewer than a numpy call's worth."""
+        rates = rate_of.tolist()
+        share, q, phat = [1.0], [1.0], [1.0]
+        for node in range(1, self.size):  # parents come first
+            parent = self.parents[node]
+            s = self.weight[node] / self.kids_weight[parent]
+            q_node = min(rates[min(self.agree[node], AGREE_BINS - 1)] * s, Q_MAX)
+            share.append(s)
+            q.append(q_node)
+            phat.append(phat[parent] * q_node)
+        self.share, self.q, self.phat = np.array(share), np.array(q), np.array(phat)
 
     def best(self, limit: int, min_phat: float = 0.0) -> np.ndarray:
         """The ≤ ``limit`` non-root nodes of largest p̂ (≥ ``min_phat``), a subtree, in index order.
