@@ -41,6 +41,9 @@ class FakeModel:
     def is_eog(self, token: int) -> bool:
         return token == EOS
 
+    def turn_tokens(self) -> frozenset[int]:
+        return frozenset({EOS})
+
     def logits(self, seen: tuple[int, ...]) -> np.ndarray:
         """A small 'language model': depends on the last three tokens and the length."""
         key = (seen[-3:], len(seen) % 5)

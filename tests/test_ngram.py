@@ -121,6 +121,23 @@ def test_longer_matches_dominate_and_shorter_ones_branch():
     keep = trie.best(3)
     assert set(keep.tolist()) == {five, six, trie.kids[six][7]}  # the top p̂ form a subtree
 
+def test_copies_stop_before_the_end_of_a_turn():
+    # A prompt that ends in "… 7 8 9 <end> <start> 50 51" (the template's markers around the answer's
+    # header) and an answer that repeats "7 8": the copy is "9" — never the markers nor what follows.
+    end, start = 100, 101
+    history = [3, 7, 8, 9, end, start, 50, 51, 4, 7]
+    copier = Copier(n_max=4)
+    with_turns = PlanContext(
+        sampling=False, rng=np.random.default_rng(0), history=history, turn_tokens=frozenset({end, start})
+    )
+    trie = copier.propose(8, with_turns)
+    assert trie.tokens[1:] == [9]
+    unaware = copier.propose(8, ctx(history))  # without the turn tokens the chain runs on
+    assert unaware.tokens[1:5] == [9, end, start, 50]
+    # a match whose continuation starts with a turn token adds nothing
+    assert copier.propose(9, with_turns).size == 1
+
+
 
 def test_observe_learns_the_rate_of_tested_copies():
     copier = Copier(n_max=4)

@@ -207,6 +207,18 @@ def test_sampling_at_temperature_stays_coherent(pair):
     assert sum(e.accepted for e in events) > 0
 
 
+def test_turn_tokens_are_the_chat_templates_markers(pair):
+    """Copies stop before these: the end of turn and the template's markers, no ordinary token."""
+    model = pair.target.model
+    turns = model.turn_tokens()
+    prompt = chat_prompt(pair, "Say hi.")
+    marks = {t for t in prompt if model.piece(t, special=True) in (b"<|im_start|>", b"<|im_end|>")}
+    assert len(marks) == 2 and marks <= turns
+    assert any(model.is_eog(t) for t in turns)
+    assert not turns & set(model.tokenize("def f(x):\n    return x  # assistant user system", False, False))
+    assert len(turns) < 64
+
+
 @pytest.mark.parametrize("strategy", ["none", "chain"])
 def test_generate_json_cli(strategy):
     bundled_paths()

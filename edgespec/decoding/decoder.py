@@ -166,7 +166,8 @@ def speculative_step(
     root_row = target.decode_root(root).copy() if planner.needs_target_root else None
     root_seconds = perf_counter() - start
     history = target.committed if root_row is None else target.committed[:-1]  # before the root
-    tree, plan_seconds = plan(draft, planner, root, params, rng, max_nodes, root_row, history, fresh)
+    turns = target.model.turn_tokens()
+    tree, plan_seconds = plan(draft, planner, root, params, rng, max_nodes, root_row, history, fresh, turns)
     start = perf_counter()
     if tree.size == 1 and root_row is None:
         # Nothing drafted (auto's plain steps, a copier without a match): plain decoding, without
@@ -225,13 +226,22 @@ def plan(
     root_row=None,
     history: Sequence[int] = (),
     fresh: bool = True,
+    turn_tokens: frozenset[int] = frozenset(),
 ) -> tuple[DraftTree, float]:
     """Grow this step's draft tree (the draft model decodes level by level inside). ``root_row``: the
     target's logits after the root, for planners that take the root's children from the target.
-    ``history``: the committed tokens before the root (planners that copy from the conversation)."""
+    ``history``: the committed tokens before the root (planners that copy from the conversation);
+    ``turn_tokens``: the target's end-of-turn and control tokens (copies stop before them)."""
     start = perf_counter()
     draft.begin_step(params.temperature)
-    ctx = PlanContext(sampling=not params.greedy, rng=rng, max_nodes=max_nodes, history=history, fresh=fresh)
+    ctx = PlanContext(
+        sampling=not params.greedy,
+        rng=rng,
+        max_nodes=max_nodes,
+        history=history,
+        fresh=fresh,
+        turn_tokens=turn_tokens,
+    )
     if root_row is None:
         tree = planner.plan(root, draft, ctx)
     else:

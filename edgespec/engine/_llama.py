@@ -150,6 +150,7 @@ class Model:
             )
         self.vocab = C.llama_model_get_vocab(self.ptr)
         self.n_vocab = int(C.llama_vocab_n_tokens(self.vocab))
+        self._turn_tokens: frozenset[int] | None = None
 
     def close(self) -> None:
         with self._owner:
@@ -173,6 +174,16 @@ class Model:
 
     def is_eog(self, token: int) -> bool:
         return bool(C.llama_vocab_is_eog(self.vocab, token))
+
+    def turn_tokens(self) -> frozenset[int]:
+        """End-of-generation and control tokens (``<|im_end|>``, ``<|im_start|>``, …): where a turn of
+        the conversation ends or the chat template speaks. Read once (~0.1 s over 152k ids)."""
+        if self._turn_tokens is None:
+            self._live()
+            vocab, control, eog = self.vocab, C.llama_vocab_is_control, C.llama_vocab_is_eog
+            turn = (t for t in range(self.n_vocab) if control(vocab, t) or eog(vocab, t))
+            self._turn_tokens = frozenset(turn)
+        return self._turn_tokens
 
     def meta(self, key: str) -> str | None:
         self._live()

@@ -20,7 +20,11 @@ found: O(n_max² + matches) per step. A match found at length n agrees with the 
 **The copy trie.** From a match starting at s, the tokens t[s..s+D) are a chain of continuation;
 chains that share a prefix share trie nodes, so several continuations per suffix form one tree.
 Each node counts the matches through it, weighted ``WEIGHT_BASE ** n`` (a match one token longer
-outweighs four shorter ones: longest match first, the shorter ones still add branches).
+outweighs four shorter ones: longest match first, the shorter ones still add branches). A chain
+stops before the first end-of-turn or chat-template token (``PlanContext.turn_tokens``): past it the
+conversation's next turn begins, which this answer does not continue (measured on free prose: an
+answer that repeats the prompt's last words drew 15-token copies of "<|im_end|>\nassistant\n…",
+never accepted past the words, each verify costing five plain steps).
 
 **Acceptance estimate.** Copying node c below u, at depth d of a match of length n, the context
 agrees with the copied text on a = n + d − 1 tokens. Its estimated acceptance given its parent is
@@ -215,7 +219,10 @@ class Copier:
         trie = CopyTrie([int(root_token)])
         tokens = self.index.tokens
         for start, n in self.index.matches(root_token, self.matches):
-            trie.add_chain(tokens[start : start + self.max_depth], n)
+            chain = tokens[start : start + self.max_depth]
+            cut = next((i for i, t in enumerate(chain) if t in ctx.turn_tokens), len(chain))
+            if cut:  # the match's continuation up to the end of its turn (the template's markers)
+                trie.add_chain(chain[:cut], n)
         trie.estimate(self.rates)
         return trie
 

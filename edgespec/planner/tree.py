@@ -212,6 +212,9 @@ class PlanContext:
     # only grows; ``fresh`` marks a request's first step, where it may differ anywhere from the last one.
     history: Sequence[int] = ()
     fresh: bool = True
+    # End-of-turn and chat-template tokens: a copy never runs past one (what follows it in the history
+    # is the next turn, not what this answer will say).
+    turn_tokens: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
