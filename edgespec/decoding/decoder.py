@@ -166,7 +166,7 @@ def speculative_step(
     root_row = target.decode_root(root).copy() if planner.needs_target_root else None
     root_seconds = perf_counter() - start
     history = target.committed if root_row is None else target.committed[:-1]  # before the root
-    turns = target.model.turn_tokens()
+    turns = target.turn_tokens
     tree, plan_seconds = plan(draft, planner, root, params, rng, max_nodes, root_row, history, fresh, turns)
     start = perf_counter()
     if tree.size == 1 and root_row is None:

@@ -96,6 +96,11 @@ class CachedModel:
 class Target(CachedModel):
     """The target: verifies a whole tree in one decode."""
 
+    def __init__(self, ctx: Context):
+        super().__init__(ctx)
+        # end-of-turn and chat-template tokens (copies stop before them); read at load, not on a first step
+        self.turn_tokens = self.model.turn_tokens()
+
     def decode_root(self, root: int) -> np.ndarray:
         """Plain decoding: the root alone, straight into the committed prefix."""
         return self.decode_committed([root], want_last=True)
