@@ -319,6 +319,19 @@ def test_opt_tree_keeps_the_top_n_which_form_a_subtree(seed):
     )
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_opt_tree_builds_only_nodes_that_could_be_kept(seed):
+    """A child at or below the n-th largest p̂ of the nodes before it can never be kept (they are older,
+    and win ties): it is not built. Every built node was inside the running top n when added."""
+    drafter = SyntheticDrafter.random(vocab=30, top_k=8, seed=seed, sharpness=4.0)
+    n = 12
+    OptTreePlanner(budget=n, delta=0.0, max_depth=6).plan(2, drafter, ctx())
+    phat = np.asarray(drafter.tree.path_prob)
+    assert phat.shape[0] - 1 > n
+    for node in range(n + 1, phat.shape[0]):
+        assert phat[node] > np.sort(phat[1:node])[-n]
+
+
 def test_opt_tree_expected_accept_grows_with_depth_and_delta_stops_it():
     values = []
     for depth in range(1, 7):

@@ -35,6 +35,7 @@ Match accepted nodes to decoded ones by token path, not by index.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -141,7 +142,12 @@ class OptTreePlanner(Planner):
 
     @staticmethod
     def _next_layer(tree: TreeBuilder, layer: list[int], dists, n: int) -> list[int]:
-        """Add the n children of ``layer`` with the largest p̂ = p̂(parent) · q; returns them."""
+        """Add the n children of ``layer`` with the largest p̂ = p̂(parent) · q; returns them.
+
+        A child at or below the n-th largest p̂ of the nodes before it is not added: n older nodes beat
+        it (ties go to the older node) and the n-th largest only grows, so it could never be kept; in
+        p̂ order, neither could the children after it. The kept set, and so the returned tree, is the
+        same; only fewer nodes are built."""
         sizes = [d.probs.shape[0] for d in dists]
         parent_at = np.repeat(np.arange(len(layer)), sizes)  # (C,) index into layer
         pos = np.concatenate([np.arange(s) for s in sizes])  # (C,) rank within its parent
@@ -149,8 +155,15 @@ class OptTreePlanner(Planner):
         phat = np.asarray([tree.path_prob[u] for u in layer])[parent_at] * q
         live = np.flatnonzero(q > 0.0)
         best = live[np.lexsort((pos[live], parent_at[live], -phat[live]))][:n]
+        top_n = sorted(tree.path_prob[1:])[-n:]  # the n largest p̂ so far: a min-heap (ascending)
         added = []
         for c in best:  # p̂ order; within one parent that is rank order
+            if len(top_n) == n and phat[c] <= top_n[0]:
+                break
+            if len(top_n) < n:
+                heapq.heappush(top_n, float(phat[c]))
+            else:
+                heapq.heapreplace(top_n, float(phat[c]))
             parent = layer[int(parent_at[c])]
             d = dists[int(parent_at[c])]
             added.append(tree.add(parent, int(d.ids[pos[c]]), float(q[c])))
