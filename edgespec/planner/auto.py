@@ -52,7 +52,7 @@ import numpy as np
 from . import params
 from .auto_copies import CopySteps
 from .costmodel import Choice, CostModel, best_size, ceiling, deepen, parallel_ceiling, simulate
-from .ngram import CopyTrie
+from .ngram import Copier, CopyTrie
 from .parallel import ADAPTER_HELP, grow
 from .params import param
 from .tree import (
@@ -109,7 +109,8 @@ class AutoPlanner(Planner):
     plain_seconds: float | None = field(default=None, repr=False)  # measured plain step time (EMA)
     credit: float = field(default=0.0, repr=False)  # seconds probes may still lose
     steps: dict = field(default_factory=lambda: dict.fromkeys(MODES, 0), repr=False)
-    copies: CopySteps = field(default_factory=CopySteps, repr=False)  # from the conversation, and r_c
+    copier: Copier = field(default_factory=Copier, repr=False)  # continuations from the conversation
+    copies: CopySteps = field(default_factory=CopySteps, repr=False)  # when copies alone are verified (r_c)
     # measured ÷ profiled cost of batches (n ≥ 2) and of drafting, relative to plain decoding's
     # measured ÷ profiled cost: corrects a profile taken on a busy machine, whatever the current load
     batch_factor: float = field(default=1.0, repr=False)
@@ -227,7 +228,7 @@ class AutoPlanner(Planner):
     def plan(self, root_token: int, drafter: Drafter, ctx: PlanContext) -> DraftTree:
         cap = min(self.budget, ctx.max_nodes - 1)
         pending = len(drafter.pending) or 1  # tokens the draft has yet to decode
-        trie = self.copies.propose(root_token, ctx)  # free candidates, whatever is decided
+        trie = self.copier.propose(root_token, ctx)  # free candidates, whatever is decided
         self._mode = self.decide(pending, cap)
         copies = self._copies_alone(trie, cap)
         if copies:
@@ -235,7 +236,7 @@ class AutoPlanner(Planner):
         self.steps[self._mode] += 1
         if self._mode == COPY:  # no draft work; the draft catches up later
             self._draft_predicted = 0.0
-            tree = self.copies.tree(trie, copies)
+            tree = self.copier.copy_tree(trie, trie.best(copies))
             self._last_drafted = tree.size - 1
             return tree
         if self._mode == PLAIN:
@@ -306,7 +307,7 @@ class AutoPlanner(Planner):
             self._add(tree, c)
         if tree.size > 1 and trie.size > 1:  # the hybrid: copies as likely as the least likely node
             graft = trie.best(cap - (tree.size - 1), min(tree.path_prob[1:]))
-            self.copies.copier.grow(tree, trie, graft, {0: 0})
+            self.copier.grow(tree, trie, graft, {0: 0})
         self._draft_predicted = spent / self.draft_factor
         self._last_drafted = tree.size - 1
         stats = PlanStats(
@@ -314,7 +315,7 @@ class AutoPlanner(Planner):
             drafted_nodes=evaluated,
             expected_accept=float(sum(tree.path_prob[1:])),
         )
-        return self.copies.copier.remember(tree.freeze(stats))
+        return self.copier.remember(tree.freeze(stats))
 
     def _one_pass(self, root_token: int, drafter: Drafter, ctx: PlanContext, cap: int, pending: int):
         """ParallelSpec's tree: one draft pass of the pending tokens and K masks, then the size that
@@ -358,7 +359,8 @@ class AutoPlanner(Planner):
     # -- learning ---------------------------------------------------------------------------------
     def observe(self, event) -> None:
         """What the step did (a ``StepEvent``): the decoder calls this after every step."""
-        self.copies.observe(event, copied=self._mode == COPY)
+        self.copier.observe(event.tree, event.accepted_path)  # the copies' acceptance rates
+        self.copies.observe(event, copied=self._mode == COPY)  # the copy steps' r_c
         if self.costs is None or self._ceiling_ok is False:
             return  # no draft trees for good: nothing else to learn
         seconds = event.timings.total

@@ -19,8 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .costmodel import CostModel, best_size
-from .ngram import Copier, CopyTrie
-from .tree import DraftTree, PlanContext
+from .ngram import CopyTrie
 
 PRIOR = 8.0  # r_c's prior (1) counts as this many predicted copied tokens
 FADE = 0.97  # per step: the copy steps' evidence fades towards the prior
@@ -29,7 +28,6 @@ RATIO_MAX = 1.25  # r_c may correct the estimates upwards this far at most
 
 @dataclass
 class CopySteps:
-    copier: Copier = field(default_factory=Copier)  # continuations from the conversation
     accepted: float = PRIOR  # decayed Σ accepted draft tokens of copy steps
     predicted: float = PRIOR  # decayed Σ p̂ of their trees
     _costs: CostModel | None = field(default=None, repr=False)
@@ -46,10 +44,6 @@ class CopySteps:
         # the cheapest verify of 2 … budget + 1 tokens (the curve is not monotone), with overhead
         self._cheapest_batch = float(costs.t(np.arange(2, budget + 2)).min()) + costs.overhead
 
-    def propose(self, root_token: int, ctx: PlanContext) -> CopyTrie:
-        """This step's candidates, whatever auto then decides (the hybrid grafts them too)."""
-        return self.copier.propose(root_token, ctx)
-
     def alone(self, trie: CopyTrie, cap: int, rival: float) -> int:
         """How many copies to verify alone (the top by p̂): the best size when its rate beats ``rival``
         (tokens per second), else 0."""
@@ -62,13 +56,8 @@ class CopySteps:
         copies = best_size(0.0, 0, pool, 0.0, r_copy, self._costs, cap)
         return copies.m if copies.rate > rival else 0
 
-    def tree(self, trie: CopyTrie, m: int) -> DraftTree:
-        """The copy tree of the top ``m`` copies."""
-        return self.copier.copy_tree(trie, trie.best(m))
-
     def observe(self, event, copied: bool) -> None:
-        """Every step: the copies' acceptance rates (the copier), r_c's fading, a copy step's outcome."""
-        self.copier.observe(event.tree, event.accepted_path)
+        """Every step: r_c's fading, and a copy step's outcome."""
         self.accepted = FADE * self.accepted + (1 - FADE) * PRIOR
         self.predicted = FADE * self.predicted + (1 - FADE) * PRIOR
         if copied:
