@@ -2,7 +2,9 @@
 llama_decode taken out (wrappers around the engine's and decoder's functions; a phase's time excludes
 the phases it calls).
 
-    OMP_NUM_THREADS=1 python scripts/python_phases.py chain '{"gamma": 4}' [max_tokens]
+    OMP_NUM_THREADS=1 python scripts/python_phases.py chain '{"gamma": 4}' [max_tokens] [prompt]
+    OMP_NUM_THREADS=1 python scripts/python_phases.py auto '{}' 128 "Write the opening of a short story …"
+    OMP_NUM_THREADS=1 python scripts/python_phases.py plain '{}' 128 "…"     # plain decoding, for reference
 
 Run it on a quiet machine with 1 thread: the figures are a few hundred microseconds per call.
 """
@@ -64,9 +66,10 @@ for owner, name, label in [
 
 name, params = sys.argv[1], json.loads(sys.argv[2])
 max_tokens = int(sys.argv[3]) if len(sys.argv) > 3 else 128
+PROMPT = sys.argv[4] if len(sys.argv) > 4 else PROMPT
 resolved = resolve_pair()
 with open_pair(resolved, EngineSettings(threads=1)) as pair:
-    planner = make_planner(StrategyChoice(name, params), resolved.defaults, pair)
+    planner = None if name == "plain" else make_planner(StrategyChoice(name, params), resolved.defaults, pair)
     prompt, _ = prompt_tokens(pair, [Message("user", PROMPT)], ChatSettings(max_tokens=max_tokens))
     steps = tokens = 0
     python = 0.0
