@@ -329,6 +329,47 @@ def test_auto_learns_the_copy_steps_calibration_and_forgets_it():
     assert copied
 
 
+def _one_token(token: int) -> StepEvent:
+    """A plain step that wrote ``token``."""
+    written = (EmittedToken(token, Provenance.TARGET, 1.0),)
+    return StepEvent(tokens=written, text="", drafted=0, accepted=0, timings=StepTimings())
+
+
+@pytest.mark.parametrize("target_copies", [True, False])
+def test_auto_learns_from_copy_trees_it_did_not_verify(target_copies):
+    """After failed copy steps r_c is low and auto decodes plainly; while the target then writes what
+    the copies proposed, the unverified copy trees (followed along what it wrote) raise r_c again and
+    copying resumes within a few steps — fading alone would take dozens. Where the target writes
+    something else, it stays plain."""
+    planner = AutoPlanner(costs=AVX512)
+    drafter = confident(q=0.5)
+    history = [1, 2, *CODE, 3, 4, 5, *CODE[:6]]
+    tree = planner.plan(CODE[6], drafter, copy_ctx(history))
+    failed = StepEvent(
+        tokens=(), text="", drafted=tree.size - 1, accepted=0, timings=StepTimings(), tree=tree,
+        accepted_path=(0,), verified_nodes=tree.size, expected_accept=tree.stats.expected_accept,
+    )
+    for _ in range(3):
+        planner.observe(failed)
+    low = planner.copies.ratio
+    resumed_at, root, answer, after_one = None, CODE[6], list(history), []
+    for step in range(8):
+        planner.plan(root, drafter, copy_ctx(answer, fresh=False))
+        if planner._mode == COPY:
+            resumed_at = step
+            break
+        written = CODE[7 + step] if target_copies else 60 + step  # 60…: never seen, nothing to copy
+        planner.observe(_one_token(written))
+        after_one.append(planner.copies.ratio)
+        answer, root = answer + [root], written
+    if target_copies:  # the first copy was right: r_c rises at once, and copying resumes
+        assert after_one[0] > low and resumed_at is not None and resumed_at <= 3
+    else:  # the copy tree proposed failed on its first token: r_c falls
+        assert after_one[0] < low and resumed_at is None
+    planner.plan(CODE[6], drafter, copy_ctx(history))  # a new request: the old trees are dropped
+    assert len(planner.copies.unverified) <= 1
+
+
 def test_auto_grafts_copies_onto_the_draft_tree():
     planner = AutoPlanner(costs=memory_bound())  # the draft pays here
     drafter = confident(q=0.9)

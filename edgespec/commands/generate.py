@@ -47,7 +47,7 @@ def run(args) -> int:
         start = perf_counter()
         for event in stream_reply(pair, planner, [Message("user", prompt)], settings, stats=stats):
             text.append(event.text)
-            tokens.extend(t.id for t in event.tokens)
+            tokens.extend(event.token_ids)
             margins.extend(round(t.margin, 4) for t in event.tokens)
             finish = event.finish_reason or finish
             if args.steps and event.verified_nodes:

@@ -71,6 +71,10 @@ class StepEvent:
     prefill_seconds: float = 0.0  # first event only: decoding the prompt into both caches
     committed: int = 0  # tokens the step committed, before cuts at end-of-turn or max tokens
 
+    @property
+    def token_ids(self) -> list[int]:
+        return [t.id for t in self.tokens]
+
 
 @dataclass
 class GenerationStats:

@@ -149,7 +149,7 @@ def timed_run(
     request = Request(prompt=list(prompt), max_tokens=max_tokens, sampling=sampling)
     start = perf_counter()
     for event in generate(pair, planner, request):
-        tokens.extend(t.id for t in event.tokens)
+        tokens.extend(event.token_ids)
         if event.verified_nodes:
             stats.add(event)
             plain_steps += int(event.drafted == 0)

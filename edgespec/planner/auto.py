@@ -228,10 +228,11 @@ class AutoPlanner(Planner):
     def plan(self, root_token: int, drafter: Drafter, ctx: PlanContext) -> DraftTree:
         cap = min(self.budget, ctx.max_nodes - 1)
         pending = len(drafter.pending) or 1  # tokens the draft has yet to decode
+        if ctx.fresh:
+            self.copies.restart()
         trie = self.copier.propose(root_token, ctx)  # free candidates, whatever is decided
         self._mode = self.decide(pending, cap)
-        copies = self._copies_alone(trie, cap)
-        if copies:
+        if copies := self._copies_alone(trie, cap):
             self._mode = COPY
         self.steps[self._mode] += 1
         if self._mode == COPY:  # no draft work; the draft catches up later
@@ -359,7 +360,7 @@ class AutoPlanner(Planner):
     # -- learning ---------------------------------------------------------------------------------
     def observe(self, event) -> None:
         """What the step did (a ``StepEvent``): the decoder calls this after every step."""
-        self.copier.observe(event.tree, event.accepted_path)  # the copies' acceptance rates
+        self.copier.observe(event.tree, event.accepted_path, event.token_ids)  # the copies' acceptance rates
         self.copies.observe(event, copied=self._mode == COPY)  # the copy steps' r_c
         if self.costs is None or self._ceiling_ok is False:
             return  # no draft trees for good: nothing else to learn

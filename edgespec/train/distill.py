@@ -83,7 +83,7 @@ def generate_data(
             ids, _ = prompt_tokens(pair, messages, chat)
             answer, finish = [], None
             for event in stream_reply(pair, None, messages, chat):
-                answer.extend(t.id for t in event.tokens)
+                answer.extend(event.token_ids)
                 finish = event.finish_reason or finish
             if finish == "stop":
                 answer.extend(eot)
