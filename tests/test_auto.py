@@ -12,7 +12,9 @@ from edgespec.decoding.decoder import Request, generate
 from edgespec.decoding.events import EmittedToken, Provenance, StepEvent, StepTimings
 from edgespec.decoding.sampling import SamplingParams
 from edgespec.planner.auto import COPY, PARALLEL, PLAIN, PROBE, SPECULATE, AutoPlanner
+from edgespec.planner.auto_copies import Unverified
 from edgespec.planner.costmodel import CostModel, best_size, ceiling, simulate
+from edgespec.planner.ngram import CopyTrie, prior_rate
 from edgespec.planner.strategies import PARAM_NAMES
 from edgespec.planner.strategies import build as make_planner
 from edgespec.planner.tree import ChildRule, DraftTree, PlanContext
@@ -327,6 +329,26 @@ def test_auto_learns_the_copy_steps_calibration_and_forgets_it():
     assert planner.copies.ratio > 0.95
     _, copied = copy_step()
     assert copied
+
+
+def test_an_unverified_copy_tree_counts_what_verification_would_have():
+    """Followed token by token, a copy tree adds up to its longest written path (what the one-hot rule
+    accepts) against its whole Σ p̂; each depth's p̂ counts once the token that tests it is written."""
+    trie = CopyTrie([4])
+    trie.add_chain([5, 6, 7], 3)
+    trie.add_chain([5, 8], 2)
+    trie.add_chain([9], 1)
+    trie.estimate(prior_rate(np.arange(24)))
+    keep = trie.best(trie.size)
+    depth_phat = [trie.phat[[1, 5]].sum(), trie.phat[[2, 4]].sum(), trie.phat[3]]  # 5 9 | 6 8 | 7
+    whole = Unverified.of(trie, keep)
+    assert whole.depth_phat == pytest.approx(depth_phat)
+    assert whole.follow([5, 6, 42]) == (2, pytest.approx(sum(depth_phat)), True)
+    steps = Unverified.of(trie, keep)
+    assert steps.follow([5]) == (1, pytest.approx(depth_phat[0]), False)
+    assert steps.follow([6]) == (1, pytest.approx(depth_phat[1]), False)
+    assert steps.follow([7, 1]) == (1, pytest.approx(depth_phat[2]), True)  # ran through: 3 accepted
+    assert Unverified.of(trie, keep).follow([42]) == (0, pytest.approx(sum(depth_phat)), True)
 
 
 def _one_token(token: int) -> StepEvent:

@@ -156,30 +156,6 @@ def test_observe_learns_the_rate_of_tested_copies():
     assert np.array_equal(copier.rates, after)
 
 
-def test_unverified_copies_are_tested_along_what_the_target_wrote():
-    """A proposal nobody verified teaches the same as verifying it: under the one-hot rule a copy is
-    accepted exactly when the target writes it. Verified chain vs unverified proposal + written tokens."""
-    history = [1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2]  # one match: the chain 4 5 6 7 8 9 0 1 2 after root 3
-    verified, unverified = Copier(n_max=4), Copier(n_max=4)
-    trie = verified.propose(3, ctx(history))
-    chain = verified.copy_tree(trie, trie.best(trie.size))
-    verified.observe(chain, (0, 1, 2, 3))  # 4 5 6 accepted, 7 tested and rejected
-    unverified.propose(3, ctx(history))
-    plain = unverified.copy_tree(trie, np.array([], dtype=int))  # a plain step: nothing copied
-    unverified.observe(plain, (0,), [4, 5, 6, 42])  # what the target wrote over the next steps
-    assert np.array_equal(verified.rates, unverified.rates)
-    assert not np.allclose(verified.rates, Copier(n_max=4).rates)
-    one = Copier(n_max=4)  # a plain step writes one token: only the first copy was tested
-    one.propose(3, ctx(history))
-    one.observe(None, (0,), [4])
-    agree = trie.agree[1]
-    changed = np.flatnonzero(~np.isclose(one.rates, Copier(n_max=4).rates, rtol=1e-12))
-    assert changed.tolist() == [agree] and one.rates[agree] > Copier(n_max=4).rates[agree]
-    learned = one.rates.copy()
-    one.observe(None, (0,), [4])  # that step was learned from already
-    assert np.array_equal(one.rates, learned)
-
-
 # -- planners ----------------------------------------------------------------------------------------
 class NoDrafter:
     def expand(self, tree, nodes):

@@ -360,7 +360,7 @@ class AutoPlanner(Planner):
     # -- learning ---------------------------------------------------------------------------------
     def observe(self, event) -> None:
         """What the step did (a ``StepEvent``): the decoder calls this after every step."""
-        self.copier.observe(event.tree, event.accepted_path, event.token_ids)  # the copies' acceptance rates
+        self.copier.observe(event.tree, event.accepted_path)  # the copies' acceptance rates
         self.copies.observe(event, copied=self._mode == COPY)  # the copy steps' r_c
         if self.costs is None or self._ceiling_ok is False:
             return  # no draft trees for good: nothing else to learn

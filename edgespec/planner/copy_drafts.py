@@ -88,7 +88,7 @@ class NGramPlanner(Planner):
         return self.copier.copy_tree(trie, keep)
 
     def observe(self, event) -> None:
-        self.copier.observe(event.tree, event.accepted_path, event.token_ids)
+        self.copier.observe(event.tree, event.accepted_path)
 
 
 def copy_size(trie: CopyTrie, costs: CostModel, cap: int, spent: float = 0.0) -> int:
@@ -238,4 +238,4 @@ class HybridPlanner(Planner):
         return tree
 
     def observe(self, event) -> None:
-        self.copier.observe(event.tree, event.accepted_path, event.token_ids)
+        self.copier.observe(event.tree, event.accepted_path)

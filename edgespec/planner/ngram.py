@@ -33,12 +33,7 @@ agrees with the copied text on a = n + d − 1 tokens. Its estimated acceptance 
 
 where r(a) is the rate at which the target accepts copies with agreement a — learned online from
 every *tested* copy (one whose parent was accepted): r(a) = Σ accepted / Σ share, with a prior
-r₀(a) = 0.97 − 0.77 · 0.7^(a−1) worth PRIOR_WEIGHT copies. A proposal that was not verified (a plain
-step, a draft tree without copies) is tested all the same against what the target then wrote: under
-the one-hot rule a copy x is accepted with the probability p(x) that the target writes x, so
-walking the trie along the written tokens gives the outcomes verification would have — without
-paying for it. A policy that stops copying after a few failures keeps learning when copies would
-pay again. p̂(c) = Π q along its path, the same
+r₀(a) = 0.97 − 0.77 · 0.7^(a−1) worth PRIOR_WEIGHT copies. p̂(c) = Π q along its path, the same
 quantity drafted nodes carry, so copies and drafts compete in one budget (``copy_drafts``).
 
 Versus llama.cpp's model-free drafting: prompt lookup / ``ngram-simple`` take the newest match of
@@ -206,7 +201,6 @@ class Copier:
     accepted: np.ndarray = field(init=False, repr=False)  # (AGREE_BINS,) decayed Σ accepted copies
     predicted: np.ndarray = field(init=False, repr=False)  # (AGREE_BINS,) decayed Σ share of tested copies
     _tree: DraftTree | None = field(default=None, init=False, repr=False)  # the last tree proposed
-    _trie: CopyTrie | None = field(default=None, init=False, repr=False)  # the last step's proposal
     _meta: dict[int, tuple[int, float]] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -223,7 +217,7 @@ class Copier:
         """The copy trie for this step, with q and p̂ (the index first catches up on the history)."""
         self.index.sync(ctx.history, ctx.fresh)
         self._tree, self._meta = None, {}
-        trie = self._trie = CopyTrie([int(root_token)])
+        trie = CopyTrie([int(root_token)])
         tokens = self.index.tokens
         for start, n in self.index.matches(root_token, self.matches):
             chain = tokens[start : start + self.max_depth]
@@ -264,36 +258,17 @@ class Copier:
         self._tree = tree
         return tree
 
-    def observe(self, tree: DraftTree | None, path: Sequence[int], written: Sequence[int] = ()) -> None:
-        """Learn r(a) from the copies the target tested (their parent was accepted): those of the
-        verified tree, or — when no copy was verified — the step's proposal walked along ``written``,
-        the tokens the step committed after its root."""
-        if tree is not None and tree is self._tree and self._meta:
-            on_path = set(int(n) for n in path)
-            meta = self._meta.items()
-            tested = [(a, s, node in on_path) for node, (a, s) in meta if tree.parents[node] in on_path]
-        else:
-            tested = self._tested_along(written)
-        self._meta, self._trie = {}, None  # learn from a step once
+    def observe(self, tree: DraftTree | None, path: Sequence[int]) -> None:
+        """Learn r(a) from the copies the target tested (their parent was accepted)."""
+        if tree is None or tree is not self._tree or not self._meta:
+            return
+        on_path = set(int(n) for n in path)
+        tested = [(node, m, s) for node, (m, s) in self._meta.items() if int(tree.parents[node]) in on_path]
         if not tested:
             return
         self.accepted *= DECAY
         self.predicted *= DECAY
-        for agree, share, hit in tested:
-            self.accepted[agree] += float(hit)
+        for node, agree, share in tested:
+            self.accepted[agree] += float(node in on_path)
             self.predicted[agree] += share
-
-    def _tested_along(self, written: Sequence[int]) -> list[tuple[int, float, bool]]:
-        """(agreement, share, accepted) of the proposal's copies whose parent the target wrote."""
-        trie, tested, node = self._trie, [], 0
-        if trie is None or trie.share is None:
-            return tested
-        for token in written:
-            kids = trie.kids[node]
-            for kid in kids.values():
-                agree = min(trie.agree[kid], AGREE_BINS - 1)
-                tested.append((agree, float(trie.share[kid]), trie.tokens[kid] == token))
-            if token not in kids:
-                break
-            node = kids[token]
-        return tested
+        self._meta = {}
