@@ -37,7 +37,11 @@ with open_pair(resolved, EngineSettings(threads=2)) as pair:
                 verified += event.verified_nodes
                 priced += float(planner.costs.t(event.verified_nodes))
             ratios.append(tokens * plain_step / priced)
-            print(f"{case.name} run {run}: {tokens} tokens in {steps} steps, {verified} verified, "
-                  f"modelled speedup {ratios[-1]:.3f}")
-print(f"modelled speedup over {len(ratios)} runs: median {statistics.median(ratios):.3f}, "
-      f"mean {statistics.fmean(ratios):.3f}")
+            print(
+                f"{case.name} run {run}: {tokens} tokens in {steps} steps, {verified} verified, "
+                f"modelled speedup {ratios[-1]:.3f}"
+            )
+print(
+    f"modelled speedup over {len(ratios)} runs: median {statistics.median(ratios):.3f}, "
+    f"mean {statistics.fmean(ratios):.3f}"
+)

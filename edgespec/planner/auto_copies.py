@@ -137,4 +137,3 @@ class CopySteps:
                 if not settled:
                     still_open.append(tree)
             self.unverified = still_open
-
