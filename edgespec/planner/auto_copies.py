@@ -107,13 +107,13 @@ class CopySteps:
         if (1.0 + r_face * float(trie.phat[1:].sum())) / self._cheapest_batch <= rival:
             return 0  # the bound: even every copy at the cheapest batch does not beat the rival
         pool = np.sort(trie.phat[1:])[::-1]
-        copies = best_size(0.0, 0, pool, 0.0, r_copy, self._costs, cap)
+        face = best_size(0.0, 0, pool, 0.0, r_face, self._costs, cap)
+        if face.m == 0:
+            return 0  # no copy beats plain decoding at face value, nor then at r_c ≤ r_face
+        copies = face if r_copy == r_face else best_size(0.0, 0, pool, 0.0, r_copy, self._costs, cap)
         if copies.rate > rival:
             return copies.m
-        if r_face != r_copy:
-            copies = best_size(0.0, 0, pool, 0.0, r_face, self._costs, cap)
-        if copies.m:  # not verified: learn from what the target writes instead
-            self.unverified.append(Unverified.of(trie, trie.best(copies.m)))
+        self.unverified.append(Unverified.of(trie, trie.best(face.m)))  # learn from what the target writes
         return 0
 
     def restart(self) -> None:
