@@ -25,20 +25,18 @@ from edgespec.decoding.decoder import Request, generate
 from edgespec.engine.pair import EngineSettings
 from edgespec.measure.prompts import load_prompts
 from edgespec.models.pairs import open_pair, resolve_pair
+from edgespec.planner.ngram import common_prefix
 from edgespec.strategy import StrategyChoice, make_planner
 
 
-def longest_copy(context: list[int], root: int, answer: list[int]) -> int:
-    """The longest k with [root] + answer[:k] a substring of ``context`` (0 if the root never occurs)."""
-    best = -1
-    for start, token in enumerate(context):
-        if token != root:
-            continue
-        k = 0
-        while k < len(answer) and start + 1 + k < len(context) and context[start + 1 + k] == answer[k]:
-            k += 1
-        best = max(best, k)
-    return max(best, 0)
+def longest_copy(text: list[int], seen: int, at: int, most: int) -> int:
+    """The longest k ≤ ``most`` with text[at − 1 : at + k] (the root, then k drafts) also in the context
+    text[:seen] (the prompt and the answer before the root); 0 if the root never occurs there."""
+    root, want = text[at - 1], text[at : at + most]
+    return max(
+        (common_prefix(text[start + 1 : seen], want) for start in range(seen) if text[start] == root),
+        default=0,
+    )
 
 
 def cheapest(n_tokens: int, longest: list[int], price) -> float:
@@ -72,9 +70,8 @@ with open_pair(resolved, EngineSettings(threads=2)) as pair:
         n = len(out)
 
         # at i, the most drafts a copy anchored on the root out[i − 1] could have right
-        copyable = [0] + [
-            min(most, longest_copy([*prompt, *out[: i - 1]], out[i - 1], out[i:])) for i in range(1, n)
-        ]
+        text = [*prompt, *out]
+        copyable = [0] + [longest_copy(text, len(prompt) + i - 1, len(prompt) + i, most) for i in range(1, n)]
         plain = n * price(1)
         ratio_copy = plain / cheapest(n, copyable, price)
         ratio_any = plain / cheapest(n, [most] * n, price)
