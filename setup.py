@@ -1,17 +1,24 @@
-"""The one compiled part of edgespec: the logits-row kernels (edgespec/decoding/_rows.c, plain C over the
-buffer protocol, no numpy headers). Everything else is declared in pyproject.toml.
+"""The compiled parts of edgespec (plain C, no numpy headers); everything else is declared in pyproject.toml.
+
+- ``edgespec.decoding._rows``: the logits-row kernels (``_row_kernels.h``) for numpy arrays.
+- ``edgespec.engine._chain``: the draft's greedy chain, decoded level after level in one call (the same
+  kernels; llama.cpp's functions are bound at run time from llama-cpp-python's library, not linked).
 
 -fno-trapping-math lets the compiler vectorise the clamps; -Wno-psabi quiets a note on the vector
-clones' calling convention (internal functions only). scripts/gpu/build.sh compiles the same file with
+clones' calling convention (internal functions only). scripts/gpu/build.sh compiles the same files with
 the same flags where the package is not installed.
 """
 
 from setuptools import Extension, setup
 
+FLAGS = ["-O3", "-fno-trapping-math", "-fno-math-errno", "-Wno-psabi"]
+KERNELS = ["edgespec/decoding/_row_kernels.h"]
+
 ROWS = Extension(
-    "edgespec.decoding._rows",
-    sources=["edgespec/decoding/_rows.c"],
-    extra_compile_args=["-O3", "-fno-trapping-math", "-fno-math-errno", "-Wno-psabi"],
+    "edgespec.decoding._rows", ["edgespec/decoding/_rows.c"], depends=KERNELS, extra_compile_args=FLAGS
+)
+CHAIN = Extension(
+    "edgespec.engine._chain", ["edgespec/engine/_chain.c"], depends=KERNELS, extra_compile_args=FLAGS
 )
 
-setup(ext_modules=[ROWS])
+setup(ext_modules=[ROWS, CHAIN])

@@ -16,6 +16,7 @@ from time import perf_counter
 
 import numpy as np
 
+from edgespec.decoding.sampling import draft_dists
 from edgespec.engine._llama import ContextSettings
 
 VOCAB = 48
@@ -125,6 +126,29 @@ class FakeContext:
             ranges = {(self.seq_pos_min(s), self.seq_pos_max(s)) for s in ids}
             if len(ranges) > 1:
                 raise AssertionError(f"coupled sequences {ids} have different cached ranges {ranges}")
+
+    def greedy_chain(
+        self, first_tokens, first_position, first_seq_ids, chain_seq, length, p_min, temp, vocab_limit, banned
+    ) -> tuple[list[int], list[float], int]:
+        """The compiled chain's contract (``Context.greedy_chain``, engine/_chain.c) over this decode."""
+        n = len(first_tokens)
+        positions = range(first_position, first_position + n)
+        self.decode(first_tokens, positions, [tuple(first_seq_ids)] * n, [i == n - 1 for i in range(n)])
+        tokens: list[int] = []
+        probs: list[float] = []
+        decodes, position = 1, first_position + n - 1
+        while True:
+            (dist,) = draft_dists(self.logits_rows(1), 1, temp, vocab_limit, banned)
+            if dist.ids.size == 0:
+                break
+            tokens.append(int(dist.ids[0]))
+            probs.append(float(dist.probs[0]))
+            if len(tokens) >= length or probs[-1] < p_min:
+                break
+            position += 1
+            self.decode([tokens[-1]], [position], [(chain_seq,)], [True])
+            decodes += 1
+        return tokens, probs, decodes
 
     def logits_rows(self, n_rows: int) -> np.ndarray:
         assert n_rows == self._rows.shape[0], (n_rows, self._rows.shape)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from edgespec.planner.tree import SparseDist, TreeBuilder
+from edgespec.planner.tree import SparseDist, TreeBuilder, greedy_chain_by_levels
 
 DistFn = Callable[[tuple[int, ...]], SparseDist]
 
@@ -109,6 +109,9 @@ class SyntheticDrafter:
         self.nodes_expanded += len(nodes)
         self.calls.append(nodes)
         return dists
+
+    def greedy_chain(self, tree: TreeBuilder, length: int, p_min: float = 0.0) -> int:
+        return greedy_chain_by_levels(self, tree, length, p_min)  # counted and checked level by level
 
     def parallel_dists(self, tree: TreeBuilder, k: int) -> list[SparseDist]:
         """ParallelSpec's one pass: the distribution after the root, then after the draft's own

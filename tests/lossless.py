@@ -40,7 +40,14 @@ from edgespec.decoding.verify import verify_sampling
 from edgespec.planner.costmodel import CostModel
 from edgespec.planner.strategies import STRATEGY_NAMES
 from edgespec.planner.strategies import build as make_planner
-from edgespec.planner.tree import ChildRule, DraftTree, PlanContext, SparseDist, TreeBuilder
+from edgespec.planner.tree import (
+    ChildRule,
+    DraftTree,
+    PlanContext,
+    SparseDist,
+    TreeBuilder,
+    greedy_chain_by_levels,
+)
 
 V = 16  # vocabulary
 K = 6  # the draft keeps its top K: its probabilities sum to < 1
@@ -127,6 +134,9 @@ class MarkovDrafter:
         for node, dist in zip(nodes, dists):
             tree.dists[node] = dist
         return dists
+
+    def greedy_chain(self, tree: TreeBuilder, length: int, p_min: float = 0.0) -> int:
+        return greedy_chain_by_levels(self, tree, length, p_min)
 
     def parallel_dists(self, tree: TreeBuilder, k: int) -> list[SparseDist]:
         """ParallelSpec's k + 1 per-depth distributions: the draft after the root, then after the

@@ -18,7 +18,7 @@ from time import monotonic, sleep
 import pytest
 import tomllib
 
-from edgespec.engine._llama import amx_crash_risk
+from edgespec.engine._backend import amx_crash_risk
 from edgespec.engine.probe import run_probe
 from edgespec.errors import EngineError
 
@@ -150,7 +150,7 @@ def test_two_threads_on_one_context_get_an_error_not_a_crash(draft_path):
 @pytest.mark.model
 def test_backend_probe_runs_once_then_costs_nothing(draft_path, tmp_path, monkeypatch):
     from edgespec.engine import probe
-    from edgespec.engine._llama import system_info
+    from edgespec.engine._backend import system_info
 
     info = system_info()
     probe.ensure_backend_works(draft_path, True, 0, info, home=tmp_path)

@@ -1,13 +1,7 @@
 """The only package that imports llama_cpp: contexts, tree batches, KV bookkeeping, logits views."""
 
-from ._llama import (
-    ContextSettings,
-    Model,
-    backend_versions,
-    compiled_features,
-    supports_gpu_offload,
-    system_info,
-)
+from ._backend import backend_versions, compiled_features, supports_gpu_offload, system_info
+from ._llama import ContextSettings, Model
 from .pair import EngineSettings, ModelPair, check_pairing
 from .parallel import DEFAULT_K, DEFAULT_MASK_IDS, ParallelDrafter, read_adapter
 from .runners import Draft, Target

@@ -1,4 +1,5 @@
-"""Every call into llama.cpp lives here (llama-cpp-python 0.3.36 low-level API).
+"""Models and contexts: every call into a loaded model lives here (llama-cpp-python 0.3.36 low-level API;
+the backend as a whole — start-up, build features, the AMX guard — is ``_backend.py``).
 
 Thin owning wrappers in the style of llama-cpp-python's own ``_internals``: each C resource has one
 owner with ``close()``, and non-zero return codes become ``EngineError`` with what to do.
@@ -6,14 +7,11 @@ owner with ``close()``, and non-zero return codes become ``EngineError`` with wh
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import threading
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache
 from time import perf_counter
 from typing import TYPE_CHECKING
 
@@ -21,30 +19,13 @@ import llama_cpp as C
 import numpy as np
 
 from ..errors import EngineError
+from . import _chain
+from ._backend import _ensure_backend, address, amx_guard
 
 if TYPE_CHECKING:
     from ._lora import LoraAdapter
 
 LLAMA_MAX_SEQ = 256  # llama.cpp's compile-time limit on sequence ids per context
-_BACKEND_READY = False
-
-
-def _ensure_backend() -> None:
-    global _BACKEND_READY
-    if not _BACKEND_READY:
-        C.llama_log_set(_SILENT_LOG, ctypes.c_void_p(0))
-        C.llama_backend_init()
-        _BACKEND_READY = True
-
-
-@C.llama_log_callback
-def _SILENT_LOG(level, text, user_data):  # noqa: N802 - a C callback object
-    if os.environ.get("EDGESPEC_LLAMA_LOG"):
-        print(text.decode("utf-8", errors="replace"), end="", flush=True)
-
-
-class EngineWarning(UserWarning):
-    """Something the user should know about the native backend (printed once as a note)."""
 
 
 class _Exclusive:
@@ -65,67 +46,6 @@ class _Exclusive:
 
     def __exit__(self, *exc) -> None:
         self._lock.release()
-
-
-def cpu_flags() -> set[str]:
-    """The instruction-set flags of this CPU (Linux /proc/cpuinfo; empty elsewhere)."""
-    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-        return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
-    return set()
-
-
-def amx_crash_risk(flags: set[str], info: str) -> bool:
-    """True when this llama.cpp build has its AMX matmul compiled in *and* the CPU has AMX: the
-    combination whose AMX buffers segfault on Q4_K models (llama.cpp's ``ggml_backend_amx_mul_mat``
-    on Sapphire Rapids and later). Builds from ``scripts/install_llama.py`` never compile AMX."""
-    return "AMX_INT8 = 1" in info and bool({"amx_int8", "amx_tile"} & flags)
-
-
-@cache
-def amx_guard() -> bool:
-    """Whether to keep llama.cpp's extra (AMX, repacked) weight buffers off on this machine."""
-    _ensure_backend()
-    risky = amx_crash_risk(cpu_flags(), system_info())
-    if risky:
-        warnings.warn(
-            "this llama-cpp-python was built with AMX, whose kernels crash on this CPU: weight repacking is "
-            "off (slower). Reinstall it without AMX: `python scripts/install_llama.py` (see README).",
-            EngineWarning,
-            stacklevel=3,
-        )
-    return risky
-
-
-def supports_gpu_offload() -> bool:
-    return bool(C.llama_supports_gpu_offload())
-
-
-def backend_versions() -> list[str]:
-    """llama-cpp-python and llama.cpp versions and the CPU features compiled into this build."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        binding = version("llama-cpp-python")
-    except PackageNotFoundError:  # a frozen binary carries the module, not its metadata
-        binding = getattr(C, "__version__", "?")
-    _ensure_backend()
-    llama = C.llama_version().decode() if hasattr(C, "llama_version") else "?"
-    gpu = "GPU offload available" if supports_gpu_offload() else "CPU only"
-    features = " ".join(compiled_features())
-    lines = [f"llama-cpp-python {binding} (llama.cpp {llama})", f"backend: {gpu}; CPU: {features}"]
-    if amx_crash_risk(cpu_flags(), system_info()):
-        lines.append("warning: AMX compiled in on an AMX CPU: repacking is kept off (see README, Install)")
-    return lines
-
-
-def compiled_features() -> list[str]:
-    """The CPU features this llama.cpp build has compiled in (AVX2, AVX512, REPACK, AMX_INT8, ...)."""
-    # system info reads "CPU : SSE3 = 1 | AVX = 1 | ... |": the names of the features set to 1
-    return [f.split("=")[0].split(":")[-1].strip() for f in system_info().split("|") if "= 1" in f]
-
-
-def system_info() -> str:
-    return C.llama_print_system_info().decode("utf-8", errors="replace")
 
 
 class Model:
@@ -328,6 +248,42 @@ class Context:
         C.llama_synchronize(self.ptr)  # a GPU backend computes asynchronously: the wait is decode time
         self.decode_seconds += perf_counter() - start
         return rc
+
+    def greedy_chain(
+        self,
+        first_tokens: Sequence[int],
+        first_position: int,
+        first_seq_ids: Sequence[int],
+        chain_seq: int,
+        length: int,
+        p_min: float,
+        temperature: float,
+        vocab_limit: int,
+        banned: Sequence[int],
+    ) -> tuple[list[int], list[float], int]:
+        """Draft a greedy chain in one compiled call (``engine/_chain.c``); returns its tokens, their
+        full-softmax probabilities and the decodes made.
+
+        First ``first_tokens`` at ``first_position`` … in ``first_seq_ids`` (the root last: its row is
+        the first level's), then each level's top allowed id (not in ``banned``, ascending; below
+        ``vocab_limit``) is drafted and decoded into ``chain_seq`` at the next position — except the
+        ``length``-th, and one whose probability is below ``p_min``: drafting stops after either."""
+        n = len(first_tokens)
+        if n > self.settings.n_batch:
+            raise EngineError(f"a batch of {n} tokens exceeds n_batch={self.settings.n_batch}")
+        with self._owner:
+            self._live()
+            rc, tokens, probs, seconds, decodes = _chain.greedy_chain(
+                address(self.ptr), ctypes.addressof(self._batch), self.settings.n_batch,
+                self.settings.n_seq_max, first_tokens, first_position, first_seq_ids, chain_seq, length,
+                p_min, temperature, vocab_limit, banned,
+            )  # fmt: skip
+        self.decode_seconds += seconds
+        if rc == -2:
+            raise EngineError("llama.cpp returned no logits row for a drafted token (please report this)")
+        if rc != 0:
+            raise EngineError(_decode_failure(rc, n if decodes == 1 else 1, self.n_ctx))
+        return tokens, probs, decodes
 
     def logits_rows(self, n_rows: int) -> np.ndarray:
         """Zero-copy, read-only (n_rows, V) view of the last decode's output rows, in batch order.

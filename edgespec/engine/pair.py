@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from ..errors import EngineError, PairingError
 from ..planner.tree import DraftSetup
-from ._llama import LLAMA_MAX_SEQ, Context, ContextSettings, Model, amx_guard, system_info
+from ._backend import amx_guard, system_info
+from ._llama import LLAMA_MAX_SEQ, Context, ContextSettings, Model
 from ._lora import LoraAdapter
 from .parallel import ParallelDrafter, check_base, read_adapter, untrained
 from .runners import CachedModel, Draft, Target

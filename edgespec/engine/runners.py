@@ -17,7 +17,7 @@ from time import perf_counter
 import numpy as np
 
 from ..decoding.sampling import draft_dists
-from ..planner.tree import DraftTree, SparseDist, TreeBuilder
+from ..planner.tree import ChildRule, DraftTree, SparseDist, TreeBuilder
 from ._llama import Context
 from .layout import TreeLayout, tree_layout
 
@@ -193,6 +193,46 @@ class Draft(CachedModel):
         for node, dist in zip(nodes, dists):
             tree.dists[node] = dist
         return dists
+
+    def greedy_chain(self, tree: TreeBuilder, length: int, p_min: float = 0.0) -> int:
+        """The chain of the draft's top tokens below the root, drafted in one compiled call (no Python
+        between its decodes); the same tokens, probabilities and KV cells as ``expand`` level by level.
+        See ``Drafter.greedy_chain``."""
+        if tree.size != 1:
+            raise ValueError("greedy_chain drafts from the root alone (planner bug)")
+        start = perf_counter()
+        pending, room = self.pending, self.ctx.settings.n_batch
+        if len(pending) > room:  # a long catch-up (rare): all but the batch's worth first
+            self.decode_committed(pending[:-room], want_last=False)
+            self.decodes += 1
+            pending = pending[-room:]
+        base = len(self.committed)
+        chain_seq = len(self._used_seqs)  # the sequence _fresh_seq gives the root's first child
+        tokens, probs, decodes = self.ctx.greedy_chain(
+            pending, base, self.tagged_seqs, chain_seq, length, p_min, self.temperature, self.vocab_limit,
+            sorted(set(self.mask_ids)),
+        )  # fmt: skip
+        # The bookkeeping of expand([0]), expand([1]), …: the root committed, nodes 1 … decodes − 1
+        # decoded into chain_seq (each continuing its parent's), the last drafted token not decoded.
+        self.committed.extend(pending)
+        self.pending = []
+        self._root_pos = len(self.committed) - 1
+        self._node_seq[0] = None
+        self._path_seq[(tree.tokens[0],)] = None
+        node = 0
+        for depth, (token, prob) in enumerate(zip(tokens, probs), start=1):
+            tree.set_children_rule(node, ChildRule.TOP)
+            node = tree.add(node, token, prob)
+            if depth < decodes:
+                self._node_seq[node] = chain_seq
+                self._path_seq[tuple(tree.path_tokens(node))] = chain_seq
+                if depth > 1:
+                    self._seq_taken.add(tree.parents[node])
+        if decodes > 1:
+            self._used_seqs.append(chain_seq)
+        self.decode_seconds += perf_counter() - start
+        self.decodes += decodes
+        return decodes
 
     def parallel_dists(self, tree: TreeBuilder, k: int) -> list[SparseDist]:
         """ParallelSpec's draft pass: the pending tokens (ending with the root) and [MASK]_1 … [MASK]_k

@@ -198,6 +198,30 @@ class Drafter(Protocol):
         tree holding only the root, instead of ``expand``; nothing is stored in ``tree.dists``."""
         ...
 
+    def greedy_chain(self, tree: TreeBuilder, length: int, p_min: float = 0.0) -> int:
+        """Below the root of a one-node tree, the chain of the draft's top tokens: ``length`` of them,
+        or fewer when one's probability is below ``p_min`` (it is kept, drafting stops after it). Each
+        node carries its probability; children rules ``TOP``. Returns the draft decodes made. Exactly
+        ``greedy_chain_by_levels`` (the reference), except that distributions may not be stored in
+        ``tree.dists`` (greedy verification needs none); the engine drafts it in one compiled call."""
+        ...
+
+
+def greedy_chain_by_levels(drafter: Drafter, tree: TreeBuilder, length: int, p_min: float = 0.0) -> int:
+    """``Drafter.greedy_chain`` through ``expand``, one level per decode (what any drafter may use)."""
+    node, decodes = 0, 0
+    while tree.size - 1 < length:
+        (dist,) = drafter.expand(tree, [node])
+        decodes += 1
+        if dist.ids.size == 0:  # nothing the draft may propose
+            break
+        tree.set_children_rule(node, ChildRule.TOP)
+        q_top = float(dist.probs[0])
+        node = tree.add(node, int(dist.ids[0]), q_top)
+        if q_top < p_min:
+            break
+    return decodes
+
 
 @dataclass(frozen=True)
 class PlanContext:

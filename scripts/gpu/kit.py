@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     args.strategies = tuple(args.strategies.split(","))
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    from edgespec.engine._llama import supports_gpu_offload, system_info
+    from edgespec.engine._backend import supports_gpu_offload, system_info
 
     draft = make_model(args.draft, args.tokenizer_from, work, args.type, args.layers)
     results = []

@@ -1,0 +1,106 @@
+"""llama.cpp's backend as a whole: starting it once (silenced, the compiled chain bound), what this build and
+CPU can do (compiled features, GPU offload, versions), and the AMX guard (issue 10).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import warnings
+from functools import cache
+
+import llama_cpp as C
+
+from . import _chain
+
+_BACKEND_READY = False
+
+
+def _ensure_backend() -> None:
+    global _BACKEND_READY
+    if not _BACKEND_READY:
+        C.llama_log_set(_SILENT_LOG, ctypes.c_void_p(0))
+        C.llama_backend_init()
+        # The compiled chain calls these through their addresses in the library llama-cpp-python loaded
+        # (its CDLL, not the module's attributes, which a profiler may have wrapped).
+        library = C.llama_cpp._lib
+        functions = (library.llama_decode, library.llama_synchronize, library.llama_get_logits_ith)
+        _chain.bind(*(address(f) for f in functions))
+        _BACKEND_READY = True
+
+
+def address(pointer) -> int:
+    """The address a ctypes function or pointer holds (0 for NULL)."""
+    return ctypes.cast(pointer, ctypes.c_void_p).value or 0
+
+
+@C.llama_log_callback
+def _SILENT_LOG(level, text, user_data):  # noqa: N802 - a C callback object
+    if os.environ.get("EDGESPEC_LLAMA_LOG"):
+        print(text.decode("utf-8", errors="replace"), end="", flush=True)
+
+
+class EngineWarning(UserWarning):
+    """Something the user should know about the native backend (printed once as a note)."""
+
+
+def cpu_flags() -> set[str]:
+    """The instruction-set flags of this CPU (Linux /proc/cpuinfo; empty elsewhere)."""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+        return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    return set()
+
+
+def amx_crash_risk(flags: set[str], info: str) -> bool:
+    """True when this llama.cpp build has its AMX matmul compiled in *and* the CPU has AMX: the
+    combination whose AMX buffers segfault on Q4_K models (llama.cpp's ``ggml_backend_amx_mul_mat``
+    on Sapphire Rapids and later). Builds from ``scripts/install_llama.py`` never compile AMX."""
+    return "AMX_INT8 = 1" in info and bool({"amx_int8", "amx_tile"} & flags)
+
+
+@cache
+def amx_guard() -> bool:
+    """Whether to keep llama.cpp's extra (AMX, repacked) weight buffers off on this machine."""
+    _ensure_backend()
+    risky = amx_crash_risk(cpu_flags(), system_info())
+    if risky:
+        warnings.warn(
+            "this llama-cpp-python was built with AMX, whose kernels crash on this CPU: weight repacking is "
+            "off (slower). Reinstall it without AMX: `python scripts/install_llama.py` (see README).",
+            EngineWarning,
+            stacklevel=3,
+        )
+    return risky
+
+
+def supports_gpu_offload() -> bool:
+    return bool(C.llama_supports_gpu_offload())
+
+
+def backend_versions() -> list[str]:
+    """llama-cpp-python and llama.cpp versions and the CPU features compiled into this build."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        binding = version("llama-cpp-python")
+    except PackageNotFoundError:  # a frozen binary carries the module, not its metadata
+        binding = getattr(C, "__version__", "?")
+    _ensure_backend()
+    llama = C.llama_version().decode() if hasattr(C, "llama_version") else "?"
+    gpu = "GPU offload available" if supports_gpu_offload() else "CPU only"
+    features = " ".join(compiled_features())
+    lines = [f"llama-cpp-python {binding} (llama.cpp {llama})", f"backend: {gpu}; CPU: {features}"]
+    if amx_crash_risk(cpu_flags(), system_info()):
+        lines.append("warning: AMX compiled in on an AMX CPU: repacking is kept off (see README, Install)")
+    return lines
+
+
+def compiled_features() -> list[str]:
+    """The CPU features this llama.cpp build has compiled in (AVX2, AVX512, REPACK, AMX_INT8, ...)."""
+    # system info reads "CPU : SSE3 = 1 | AVX = 1 | ... |": the names of the features set to 1
+    return [f.split("=")[0].split(":")[-1].strip() for f in system_info().split("|") if "= 1" in f]
+
+
+def system_info() -> str:
+    return C.llama_print_system_info().decode("utf-8", errors="replace")

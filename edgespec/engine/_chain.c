@@ -1,0 +1,247 @@
+/* The draft's greedy chain in one call: decode, take the row's top token (with its full-softmax
+ * probability), decode that token, and so on — no Python between the draft decodes.
+ *
+ * Why: on a CPU every decode streams the model's weights through the caches and the Python after it
+ * runs cold, so each draft level of a chain paid ~0.2 ms of Python (the logits view, the top-k call,
+ * its SparseDist, the tree and batch bookkeeping) for one token; a chain of γ levels paid it γ times.
+ * Here the levels run in C (GIL released) and Python resumes once. On a GPU the same Python stood
+ * between two draft passes the GPU could have run back to back.
+ *
+ * Same tokens and probabilities as the level-by-level path: the row's top allowed id (ties: the
+ * lower id) and p = exp(l − m − log Z) from the kernels of decoding/_row_kernels.h that draft_dists
+ * uses (k = 1 there is the first of its k candidates).
+ *
+ * llama.cpp is not linked: engine/_llama.py passes the addresses of llama_decode, llama_synchronize and
+ * llama_get_logits_ith from llama-cpp-python's loaded library to bind(). struct llama_batch below is
+ * the pinned llama-cpp-python's (0.3.36); tests/test_chain_native.py compares it with the ctypes one.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <time.h>
+
+#include "../decoding/_row_kernels.h"
+
+typedef struct llama_batch {
+    int32_t n_tokens;
+    int32_t *token;
+    float *embd;
+    int32_t *pos;
+    int32_t *n_seq_id;
+    int32_t **seq_id;
+    int8_t *logits;
+} llama_batch;
+
+typedef int32_t (*decode_fn)(void *ctx, llama_batch batch);
+typedef void (*synchronize_fn)(void *ctx);
+typedef float *(*logits_ith_fn)(void *ctx, int32_t i);
+
+static decode_fn llama_decode = NULL;
+static synchronize_fn llama_synchronize = NULL;
+static logits_ith_fn llama_get_logits_ith = NULL;
+
+static PyObject *bind(PyObject *self, PyObject *args)
+{
+    unsigned long long decode, synchronize, logits_ith;
+    if (!PyArg_ParseTuple(args, "KKK", &decode, &synchronize, &logits_ith))
+        return NULL;
+    if (!decode || !synchronize || !logits_ith) {
+        PyErr_SetString(PyExc_ValueError, "bind() needs three function addresses");
+        return NULL;
+    }
+    llama_decode = (decode_fn)(uintptr_t)decode;
+    llama_synchronize = (synchronize_fn)(uintptr_t)synchronize;
+    llama_get_logits_ith = (logits_ith_fn)(uintptr_t)logits_ith;
+    Py_RETURN_NONE;
+}
+
+/* A sequence of ints as a malloc'd int32 array (*n its length); NULL with an error set on failure. */
+static int32_t *int32_array(PyObject *obj, const char *what, Py_ssize_t *n)
+{
+    PyObject *fast = PySequence_Fast(obj, what);
+    if (!fast)
+        return NULL;
+    *n = PySequence_Fast_GET_SIZE(fast);
+    int32_t *out = malloc((*n ? *n : 1) * sizeof *out);
+    if (!out) {
+        Py_DECREF(fast);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < *n; i++) {
+        long value = PyLong_AsLong(PySequence_Fast_GET_ITEM(fast, i));
+        if ((value == -1 && PyErr_Occurred()) || value < INT32_MIN || value > INT32_MAX) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_OverflowError, "%s: %ld does not fit in int32", what, value);
+            free(out);
+            Py_DECREF(fast);
+            return NULL;
+        }
+        out[i] = (int32_t)value;
+    }
+    Py_DECREF(fast);
+    return out;
+}
+
+static double seconds_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+typedef struct {
+    Py_ssize_t length, vocab_limit, n_banned;
+    double p_min, temperature;
+    const int32_t *banned;
+    int32_t chain_seq;
+    int32_t *tokens; /* out: the chain, `drafted` of them */
+    double *probs;
+    Py_ssize_t drafted, decodes;
+    double seconds;
+    int rc; /* llama_decode's return code, or -1: out of memory, -2: no logits row */
+} Chain;
+
+/* The loop, GIL released: the batch already holds the first decode (the root and any catch-up). */
+static void run_chain(void *ctx, llama_batch *batch, int32_t position, Chain *c)
+{
+    Py_ssize_t n_blocks = (c->vocab_limit + BLOCK - 1) / BLOCK;
+    Py_ssize_t pool = 1 + c->n_banned;
+    float *block_max = malloc(n_blocks * sizeof *block_max), *heap = malloc(pool * sizeof *heap);
+    if (!block_max || !heap) {
+        c->rc = -1;
+        goto done;
+    }
+    for (;;) {
+        double start = seconds_now();
+        c->rc = llama_decode(ctx, *batch);
+        llama_synchronize(ctx); /* a GPU backend computes asynchronously: the wait is decode time */
+        c->seconds += seconds_now() - start;
+        c->decodes++;
+        if (c->rc != 0)
+            break;
+        const float *row = llama_get_logits_ith(ctx, -1);
+        if (!row) {
+            c->rc = -2;
+            break;
+        }
+        int32_t id;
+        double p;
+        Py_ssize_t found = row_top_k(row, c->vocab_limit, 1, c->temperature, c->banned, c->n_banned, block_max,
+                                     heap, &id, &p);
+        if (found < 0) {
+            c->rc = -1;
+            break;
+        }
+        if (found == 0) /* every id banned: nothing to draft */
+            break;
+        c->tokens[c->drafted] = id;
+        c->probs[c->drafted] = p;
+        c->drafted++;
+        if (c->drafted >= c->length || p < c->p_min) /* the last token is not decoded */
+            break;
+        batch->n_tokens = 1; /* the next level: the token just drafted, in the chain's sequence */
+        batch->token[0] = id;
+        batch->pos[0] = ++position;
+        batch->n_seq_id[0] = 1;
+        batch->seq_id[0][0] = c->chain_seq;
+        batch->logits[0] = 1;
+    }
+done:
+    free(block_max);
+    free(heap);
+}
+
+/* greedy_chain(ctx, batch, n_batch, n_seq_max, first_tokens, first_position, first_seq_ids, chain_seq,
+ *              length, p_min, temperature, vocab_limit, banned) -> (rc, tokens, probs, seconds, decodes)
+ *
+ * First decode: first_tokens at first_position, first_position + 1, …, each in first_seq_ids, the last
+ * one's row asked for. Then up to `length` tokens: each the top allowed id of the last row (banned:
+ * ascending ids never proposed; ids ≥ vocab_limit neither), decoded into chain_seq at the next position
+ * unless it is the length-th or its probability is below p_min. rc ≠ 0: llama_decode failed (its code),
+ * -2: llama.cpp returned no row; tokens and probs hold what was drafted before. */
+static PyObject *greedy_chain(PyObject *self, PyObject *args)
+{
+    unsigned long long ctx_address, batch_address;
+    Py_ssize_t n_batch, n_seq_max, length, vocab_limit, n_first, n_ids;
+    int first_position, chain_seq;
+    double p_min, temperature;
+    PyObject *first_obj, *ids_obj, *banned_obj;
+    if (!PyArg_ParseTuple(args, "KKnnOiOinddnO", &ctx_address, &batch_address, &n_batch, &n_seq_max, &first_obj,
+                          &first_position, &ids_obj, &chain_seq, &length, &p_min, &temperature, &vocab_limit,
+                          &banned_obj))
+        return NULL;
+    if (length < 1 || vocab_limit < 1 || temperature <= 0.0 || chain_seq < 0 || chain_seq >= n_seq_max) {
+        PyErr_SetString(PyExc_ValueError, "greedy_chain(): length, vocab_limit, temperature or chain_seq out of range");
+        return NULL;
+    }
+    Chain c = {.length = length, .vocab_limit = vocab_limit, .p_min = p_min, .temperature = temperature,
+               .chain_seq = chain_seq};
+    int32_t *first = int32_array(first_obj, "first_tokens", &n_first);
+    int32_t *ids = first ? int32_array(ids_obj, "first_seq_ids", &n_ids) : NULL;
+    int32_t *banned = ids ? int32_array(banned_obj, "banned", &c.n_banned) : NULL;
+    c.banned = banned;
+    c.tokens = malloc(length * sizeof *c.tokens);
+    c.probs = malloc(length * sizeof *c.probs);
+    PyObject *result = NULL;
+    if (!banned)
+        goto out;
+    if (!c.tokens || !c.probs) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    if (n_first < 1 || n_first > n_batch || n_ids < 1 || n_ids > n_seq_max) {
+        PyErr_Format(PyExc_ValueError, "greedy_chain(): %zd first tokens (1 to %zd) in %zd sequences (1 to %zd)",
+                     n_first, n_batch, n_ids, n_seq_max);
+        goto out;
+    }
+    if (!llama_decode || !ctx_address || !batch_address) {
+        PyErr_SetString(PyExc_RuntimeError, "greedy_chain() before bind(), or on a closed context");
+        goto out;
+    }
+    llama_batch *batch = (llama_batch *)(uintptr_t)batch_address;
+    for (Py_ssize_t i = 0; i < n_first; i++) {
+        batch->token[i] = first[i];
+        batch->pos[i] = first_position + (int32_t)i;
+        batch->n_seq_id[i] = (int32_t)n_ids;
+        memcpy(batch->seq_id[i], ids, n_ids * sizeof *ids);
+        batch->logits[i] = i == n_first - 1;
+    }
+    batch->n_tokens = (int32_t)n_first;
+    Py_BEGIN_ALLOW_THREADS
+    run_chain((void *)(uintptr_t)ctx_address, batch, first_position + (int32_t)n_first - 1, &c);
+    Py_END_ALLOW_THREADS
+    if (c.rc == -1) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    PyObject *tokens = PyList_New(c.drafted), *probs = PyList_New(c.drafted);
+    if (tokens && probs)
+        for (Py_ssize_t i = 0; i < c.drafted; i++) {
+            PyList_SET_ITEM(tokens, i, PyLong_FromLong(c.tokens[i]));
+            PyList_SET_ITEM(probs, i, PyFloat_FromDouble(c.probs[i]));
+        }
+    if (tokens && probs && !PyErr_Occurred())
+        result = Py_BuildValue("(iOOdn)", c.rc, tokens, probs, c.seconds, c.decodes);
+    Py_XDECREF(tokens);
+    Py_XDECREF(probs);
+out:
+    free(first);
+    free(ids);
+    free(banned);
+    free(c.tokens);
+    free(c.probs);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"bind", bind, METH_VARARGS, "bind(llama_decode, llama_synchronize, llama_get_logits_ith addresses)"},
+    {"greedy_chain", greedy_chain, METH_VARARGS,
+     "greedy_chain(ctx, batch, n_batch, n_seq_max, first_tokens, first_position, first_seq_ids, chain_seq, "
+     "length, p_min, temperature, vocab_limit, banned) -> (rc, tokens, probs, seconds, decodes)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_chain", "The draft's greedy chain in one call.", -1,
+                                    methods};
+
+PyMODINIT_FUNC PyInit__chain(void) { return PyModule_Create(&module); }
