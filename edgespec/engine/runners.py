@@ -201,11 +201,7 @@ class Draft(CachedModel):
         if tree.size != 1:
             raise ValueError("greedy_chain drafts from the root alone (planner bug)")
         start = perf_counter()
-        pending, room = self.pending, self.ctx.settings.n_batch
-        if len(pending) > room:  # a long catch-up (rare): all but the batch's worth first
-            self.decode_committed(pending[:-room], want_last=False)
-            self.decodes += 1
-            pending = pending[-room:]
+        pending = self._catch_up(room=self.ctx.settings.n_batch)
         base = len(self.committed)
         chain_seq = len(self._used_seqs)  # the sequence _fresh_seq gives the root's first child
         tokens, probs, decodes = self.ctx.greedy_chain(
@@ -250,12 +246,8 @@ class Draft(CachedModel):
             have = len(self.mask_ids)
             raise ValueError(f"{k} masks asked, the draft has {have} (see ModelPair.set_up_draft)")
         start = perf_counter()
-        pending, masks = self.pending, list(self.mask_ids[:k])
-        room = self.ctx.settings.n_batch - k
-        if len(pending) > room:  # a long catch-up (rare): all but the batch's worth first
-            self.decode_committed(pending[:-room], want_last=False)
-            self.decodes += 1
-            pending = pending[-room:]
+        masks = list(self.mask_ids[:k])
+        pending = self._catch_up(room=self.ctx.settings.n_batch - k)
         base = len(self.committed)
         n = len(pending)
         self.ctx.decode(
@@ -275,6 +267,16 @@ class Draft(CachedModel):
         self.decode_seconds += perf_counter() - start
         self.decodes += 1
         return dists
+
+    def _catch_up(self, room: int) -> list[int]:
+        """The pending tokens that fit in ``room`` of the next batch (the root last); a longer catch-up
+        (rare) decodes all but those into the committed prefix first, as one more draft decode."""
+        pending = self.pending
+        if len(pending) > room:
+            self.decode_committed(pending[:-room], want_last=False)
+            self.decodes += 1
+            pending = pending[-room:]
+        return pending
 
     def _decode_level(self, tree: TreeBuilder, nodes: Sequence[int]) -> np.ndarray:
         seqs = []
