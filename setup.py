@@ -3,6 +3,7 @@
 - ``edgespec.decoding._rows``: the logits-row kernels (``_row_kernels.h``) for numpy arrays.
 - ``edgespec.engine._chain``: the draft's greedy chain, decoded level after level in one call (the same
   kernels; llama.cpp's functions are bound at run time from llama-cpp-python's library, not linked).
+- ``edgespec.engine._dyspec``: DySpec's greedy tree (Algorithm 1) drafted in one call, the same way.
 
 -fno-trapping-math lets the compiler vectorise the clamps; -Wno-psabi quiets a note on the vector
 clones' calling convention (internal functions only). scripts/gpu/build.sh compiles the same files with
@@ -13,12 +14,16 @@ from setuptools import Extension, setup
 
 FLAGS = ["-O3", "-fno-trapping-math", "-fno-math-errno", "-Wno-psabi"]
 KERNELS = ["edgespec/decoding/_row_kernels.h"]
+NATIVE = [*KERNELS, "edgespec/engine/_native.h"]
 
 ROWS = Extension(
     "edgespec.decoding._rows", ["edgespec/decoding/_rows.c"], depends=KERNELS, extra_compile_args=FLAGS
 )
 CHAIN = Extension(
-    "edgespec.engine._chain", ["edgespec/engine/_chain.c"], depends=KERNELS, extra_compile_args=FLAGS
+    "edgespec.engine._chain", ["edgespec/engine/_chain.c"], depends=NATIVE, extra_compile_args=FLAGS
+)
+DYSPEC = Extension(
+    "edgespec.engine._dyspec", ["edgespec/engine/_dyspec.c"], depends=NATIVE, extra_compile_args=FLAGS
 )
 
-setup(ext_modules=[ROWS, CHAIN])
+setup(ext_modules=[ROWS, CHAIN, DYSPEC])

@@ -29,7 +29,8 @@ open_phases: list[float] = []  # per open phase: time spent in the phases (and d
 
 def timed(owner, name: str, label: str, decodes_in_c: bool = False) -> None:
     """Time ``owner.name`` as phase ``label``. ``decodes_in_c``: a Context method that decodes in C (the
-    compiled chain), whose decode time (what it adds to ``decode_seconds``) counts as llama_decode's."""
+    compiled chain and DySpec tree), whose decode time (what it adds to ``decode_seconds``) counts as
+    llama_decode's."""
     inner_fn = getattr(owner, name)
 
     def wrapper(*args, **kwargs):
@@ -71,6 +72,7 @@ for owner, name, label in [
 ]:
     timed(owner, name, label)
 timed(_llama.Context, "greedy_chain", "compiled chain (its decodes out)", decodes_in_c=True)
+timed(_llama.Context, "greedy_tree", "compiled DySpec tree (its decodes out)", decodes_in_c=True)
 
 name, params = sys.argv[1], json.loads(sys.argv[2])
 max_tokens = int(sys.argv[3]) if len(sys.argv) > 3 else 128

@@ -150,6 +150,36 @@ class FakeContext:
             decodes += 1
         return tokens, probs, decodes
 
+    def greedy_tree(
+        self, first_tokens, first_position, n_tagged, budget, max_passes, k, temp, vocab_limit, banned
+    ) -> tuple:
+        """The compiled DySpec tree's contract (``Context.greedy_tree``, engine/_dyspec.c): the reference,
+        ``dyspec_by_levels``, through a level-by-level Draft over this context, in the C call's shape."""
+        from edgespec.engine.runners import Draft
+        from edgespec.planner.dyspec import dyspec_by_levels
+        from edgespec.planner.tree import TreeBuilder
+
+        draft = Draft(self, top_k=k, vocab_limit=vocab_limit)
+        draft.mask_ids = tuple(banned)
+        draft.tagged_seqs = tuple(range(n_tagged))
+        draft.committed = [-1] * first_position  # only its length is read
+        draft.pending = list(first_tokens)
+        draft.begin_step(temp)
+        tree = TreeBuilder(first_tokens[-1])
+        decodes, _ = dyspec_by_levels(draft, tree, budget, max_passes)
+        evaluated = list(tree.dists)  # in evaluation order
+        ids = np.zeros((len(evaluated), k), dtype=np.int32)
+        probs = np.zeros((len(evaluated), k), dtype=np.float64)
+        for row, node in enumerate(evaluated):
+            dist = tree.dists[node]
+            ids[row, : dist.ids.size], probs[row, : dist.ids.size] = dist.ids, dist.probs
+        seqs = [-1 if draft._node_seq[node] is None else draft._node_seq[node] for node in evaluated]
+        return (
+            decodes, tree.parents[1:], tree.tokens[1:], tree.draft_prob[1:], evaluated, seqs, ids.tobytes(),
+            probs.tobytes(), [tree.dists[node].ids.size for node in evaluated], sorted(draft._seq_taken),
+            len(draft._used_seqs), len(draft.tagged_seqs),
+        )  # fmt: skip
+
     def logits_rows(self, n_rows: int) -> np.ndarray:
         assert n_rows == self._rows.shape[0], (n_rows, self._rows.shape)
         return self._rows

@@ -11,83 +11,12 @@
  * lower id) and p = exp(l − m − log Z) from the kernels of decoding/_row_kernels.h that draft_dists
  * uses (k = 1 there is the first of its k candidates).
  *
- * llama.cpp is not linked: engine/_llama.py passes the addresses of llama_decode, llama_synchronize and
- * llama_get_logits_ith from llama-cpp-python's loaded library to bind(). struct llama_batch below is
- * the pinned llama-cpp-python's (0.3.36); tests/test_chain_native.py compares it with the ctypes one.
+ * llama.cpp is not linked: its functions are bound at run time (_native.h).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <time.h>
-
 #include "../decoding/_row_kernels.h"
-
-typedef struct llama_batch {
-    int32_t n_tokens;
-    int32_t *token;
-    float *embd;
-    int32_t *pos;
-    int32_t *n_seq_id;
-    int32_t **seq_id;
-    int8_t *logits;
-} llama_batch;
-
-typedef int32_t (*decode_fn)(void *ctx, llama_batch batch);
-typedef void (*synchronize_fn)(void *ctx);
-typedef float *(*logits_ith_fn)(void *ctx, int32_t i);
-
-static decode_fn llama_decode = NULL;
-static synchronize_fn llama_synchronize = NULL;
-static logits_ith_fn llama_get_logits_ith = NULL;
-
-static PyObject *bind(PyObject *self, PyObject *args)
-{
-    unsigned long long decode, synchronize, logits_ith;
-    if (!PyArg_ParseTuple(args, "KKK", &decode, &synchronize, &logits_ith))
-        return NULL;
-    if (!decode || !synchronize || !logits_ith) {
-        PyErr_SetString(PyExc_ValueError, "bind() needs three function addresses");
-        return NULL;
-    }
-    llama_decode = (decode_fn)(uintptr_t)decode;
-    llama_synchronize = (synchronize_fn)(uintptr_t)synchronize;
-    llama_get_logits_ith = (logits_ith_fn)(uintptr_t)logits_ith;
-    Py_RETURN_NONE;
-}
-
-/* A sequence of ints as a malloc'd int32 array (*n its length); NULL with an error set on failure. */
-static int32_t *int32_array(PyObject *obj, const char *what, Py_ssize_t *n)
-{
-    PyObject *fast = PySequence_Fast(obj, what);
-    if (!fast)
-        return NULL;
-    *n = PySequence_Fast_GET_SIZE(fast);
-    int32_t *out = malloc((*n ? *n : 1) * sizeof *out);
-    if (!out) {
-        Py_DECREF(fast);
-        PyErr_NoMemory();
-        return NULL;
-    }
-    for (Py_ssize_t i = 0; i < *n; i++) {
-        long value = PyLong_AsLong(PySequence_Fast_GET_ITEM(fast, i));
-        if ((value == -1 && PyErr_Occurred()) || value < INT32_MIN || value > INT32_MAX) {
-            if (!PyErr_Occurred())
-                PyErr_Format(PyExc_OverflowError, "%s: %ld does not fit in int32", what, value);
-            free(out);
-            Py_DECREF(fast);
-            return NULL;
-        }
-        out[i] = (int32_t)value;
-    }
-    Py_DECREF(fast);
-    return out;
-}
-
-static double seconds_now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
+#include "_native.h"
 
 typedef struct {
     Py_ssize_t length, vocab_limit, n_banned;
@@ -112,10 +41,7 @@ static void run_chain(void *ctx, llama_batch *batch, int32_t position, Chain *c)
         goto done;
     }
     for (;;) {
-        double start = seconds_now();
-        c->rc = llama_decode(ctx, *batch);
-        llama_synchronize(ctx); /* a GPU backend computes asynchronously: the wait is decode time */
-        c->seconds += seconds_now() - start;
+        c->rc = timed_decode(ctx, batch, &c->seconds);
         c->decodes++;
         if (c->rc != 0)
             break;
@@ -199,14 +125,7 @@ static PyObject *greedy_chain(PyObject *self, PyObject *args)
         goto out;
     }
     llama_batch *batch = (llama_batch *)(uintptr_t)batch_address;
-    for (Py_ssize_t i = 0; i < n_first; i++) {
-        batch->token[i] = first[i];
-        batch->pos[i] = first_position + (int32_t)i;
-        batch->n_seq_id[i] = (int32_t)n_ids;
-        memcpy(batch->seq_id[i], ids, n_ids * sizeof *ids);
-        batch->logits[i] = i == n_first - 1;
-    }
-    batch->n_tokens = (int32_t)n_first;
+    fill_first(batch, first, n_first, first_position, ids, n_ids);
     Py_BEGIN_ALLOW_THREADS
     run_chain((void *)(uintptr_t)ctx_address, batch, first_position + (int32_t)n_first - 1, &c);
     Py_END_ALLOW_THREADS
@@ -234,7 +153,7 @@ out:
 }
 
 static PyMethodDef methods[] = {
-    {"bind", bind, METH_VARARGS, "bind(llama_decode, llama_synchronize, llama_get_logits_ith addresses)"},
+    {"bind", bind, METH_VARARGS, BIND_DOC},
     {"greedy_chain", greedy_chain, METH_VARARGS,
      "greedy_chain(ctx, batch, n_batch, n_seq_max, first_tokens, first_position, first_seq_ids, chain_seq, "
      "length, p_min, temperature, vocab_limit, banned) -> (rc, tokens, probs, seconds, decodes)"},

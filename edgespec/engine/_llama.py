@@ -19,7 +19,7 @@ import llama_cpp as C
 import numpy as np
 
 from ..errors import EngineError
-from . import _chain
+from . import _chain, _dyspec
 from ._backend import _ensure_backend, address, amx_guard
 
 if TYPE_CHECKING:
@@ -284,6 +284,33 @@ class Context:
         if rc != 0:
             raise EngineError(_decode_failure(rc, n if decodes == 1 else 1, self.n_ctx))
         return tokens, probs, decodes
+
+    def greedy_tree(
+        self, first_tokens: Sequence[int], first_position: int, n_tagged: int, budget: int, max_passes: int,
+        k: int, temperature: float, vocab_limit: int, banned: Sequence[int],
+    ) -> tuple:  # fmt: skip
+        """Draft DySpec's greedy tree in one compiled call (``engine/_dyspec.c``; its ``result`` lists what
+        comes back after rc, decodes and seconds). First ``first_tokens`` at ``first_position`` … in
+        sequences 0 … ``n_tagged`` − 1 (the root last), then the tree's levels."""
+        n = len(first_tokens)
+        if n > self.settings.n_batch:
+            raise EngineError(f"a batch of {n} tokens exceeds n_batch={self.settings.n_batch}")
+        with self._owner:
+            self._live()
+            rc, decodes, seconds, *tree = _dyspec.greedy_tree(
+                address(self.ptr), address(self.memory), ctypes.addressof(self._batch), self.settings.n_batch,
+                self.settings.n_seq_max, first_tokens, first_position, n_tagged, budget, max_passes, k,
+                temperature, vocab_limit, banned,
+            )  # fmt: skip
+        self.decode_seconds += seconds
+        if rc == -3:
+            n_seq = self.settings.n_seq_max
+            raise ValueError(f"the tree needs more than {n_seq} draft sequences (planner exceeded max_nodes)")
+        if rc == -2:
+            raise EngineError("llama.cpp returned no logits row for a drafted token (please report this)")
+        if rc != 0:
+            raise EngineError(_decode_failure(rc, n if decodes == 1 else budget, self.n_ctx))
+        return decodes, *tree
 
     def logits_rows(self, n_rows: int) -> np.ndarray:
         """Zero-copy, read-only (n_rows, V) view of the last decode's output rows, in batch order.

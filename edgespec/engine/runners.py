@@ -230,6 +230,45 @@ class Draft(CachedModel):
         self.decodes += decodes
         return decodes
 
+    def greedy_dyspec(self, tree: TreeBuilder, budget: int, max_passes: int = 0) -> tuple[int, int]:
+        """DySpec's greedy tree drafted in one compiled call (no Python between its decodes); the same
+        nodes, distributions and KV cells as ``dyspec_by_levels`` through ``expand``. See
+        ``Drafter.greedy_dyspec``."""
+        if tree.size != 1:
+            raise ValueError("greedy_dyspec drafts from the root alone (planner bug)")
+        if budget < 1:
+            return 0, 0
+        start = perf_counter()
+        pending = self._catch_up(room=self.ctx.settings.n_batch)
+        vocab = min(self.vocab_limit, self.ctx.n_vocab)
+        k = min(self.top_k, vocab)
+        decodes, parents, tokens, probs, evaluated, seqs, ids, top_probs, found, taken, n_used, n_tagged = (
+            self.ctx.greedy_tree(
+                pending, len(self.committed), len(self.tagged_seqs), budget, max_passes, k, self.temperature,
+                vocab, sorted(set(self.mask_ids)),
+            )  # fmt: skip
+        )
+        # The bookkeeping of expand, level by level: the root committed, each evaluated node decoded in
+        # its sequence (the root: the committed prefix), the fresh ids used, the prefix tagged with them.
+        self.committed.extend(pending)
+        self.pending = []
+        self._root_pos = len(self.committed) - 1
+        for parent, token, prob in zip(parents, tokens, probs):
+            tree.set_children_rule(parent, ChildRule.TOP)
+            tree.add(parent, token, prob)
+        top_ids = np.frombuffer(ids, np.int32).reshape(len(evaluated), k)
+        top_p = np.frombuffer(top_probs, np.float64).reshape(len(evaluated), k)
+        for row, (node, seq, n_found) in enumerate(zip(evaluated, seqs, found)):
+            tree.dists[node] = SparseDist(ids=top_ids[row, :n_found], probs=top_p[row, :n_found])
+            self._node_seq[node] = seq if seq >= 0 else None
+            self._path_seq[tuple(tree.path_tokens(node))] = self._node_seq[node]
+        self._seq_taken.update(taken)
+        self._used_seqs = list(range(n_used))
+        self.tagged_seqs = tuple(range(n_tagged))
+        self.decode_seconds += perf_counter() - start
+        self.decodes += decodes
+        return decodes, len(evaluated)
+
     def parallel_dists(self, tree: TreeBuilder, k: int) -> list[SparseDist]:
         """ParallelSpec's draft pass: the pending tokens (ending with the root) and [MASK]_1 … [MASK]_k
         in one decode; returns the k + 1 distributions of depths 1 … k + 1 (the root's row, then each

@@ -18,7 +18,9 @@ a slot reaches the top of the heap is the draft run — on every pending slot am
 entries (r = budget left). A slot outside those r can never be popped (r pops of better slots come
 first and spend the budget), so nothing that will be needed is left out, and the pop order — hence
 the tree — is exactly Algorithm 1's. The price is that some of the r may end up never popped: they
-are evaluated by the draft for nothing. In practice this takes a handful of decodes per step.
+are evaluated by the draft for nothing. In practice this takes a handful of decodes per step. Under a
+greedy target the engine runs this loop — decodes, rows and heap — in one compiled call
+(``Drafter.greedy_dyspec``, engine/_dyspec.c): no Python between the levels.
 
 **Threshold variant (``threshold = t > 0``, Algorithm 2).** Layer by layer: one decode evaluates
 every node of the layer whose value is ≥ t, then each draws while its next slot's value is ≥ t
@@ -75,12 +77,14 @@ def draw_order(dist: SparseDist, seed: int | None, path: Sequence[int]) -> np.nd
 
 
 class Residual:
-    """R for one node: its draft distribution q minus the tokens already drawn there."""
+    """R for one node: its draft distribution minus the tokens already drawn there."""
 
     def __init__(self, dist: SparseDist, order: np.ndarray):
         self.dist = dist
-        self.q = dist.sampling_q()
         self.order = order
+        # left[i]: the draft mass still in R before the i-th draw, Σ_{j ≥ i} p[order[j]], summed from the
+        # last draw back (q = p / Σp: the normaliser cancels in R[y] = q(y) / Σ q left = p(y) / left)
+        self.left = np.cumsum(dist.probs[order][::-1])[::-1]
         self.drawn = 0
 
     @property
@@ -88,11 +92,59 @@ class Residual:
         return self.drawn >= self.order.shape[0]
 
     def draw(self) -> tuple[int, float]:
-        """The next token's position in the distribution, and R[y] = q(y) / (q left before the draw)."""
+        """The next token's position in the distribution, and R[y]: its share of the mass left."""
         pos = int(self.order[self.drawn])
-        r_y = float(self.q[pos] / self.q[self.order[self.drawn :]].sum())
+        r_y = float(self.dist.probs[pos] / self.left[self.drawn])
         self.drawn += 1
         return pos, r_y
+
+
+def _evaluate(tree: TreeBuilder, drafter: Drafter, nodes, seed, residual: dict[int, Residual]) -> None:
+    dists = drafter.expand(tree, nodes)
+    for node, dist in zip(nodes, dists):
+        residual[node] = Residual(dist, draw_order(dist, seed, tree.path_tokens(node)))
+
+
+def dyspec_by_levels(
+    drafter: Drafter,
+    tree: TreeBuilder,
+    budget: int,
+    max_passes: int = 0,
+    seed: int | None = None,
+    rule: ChildRule = ChildRule.TOP,
+) -> tuple[int, int]:
+    """Algorithm 1 with the draft decodes batched (see the module docstring), through ``expand``;
+    returns (draft decodes, nodes evaluated). ``max_passes``: most draft decodes (0: no limit). Greedy
+    (``seed`` None, ``TOP``) it is ``Drafter.greedy_dyspec``'s reference (engine/_dyspec.c)."""
+    heap = [(-1.0, 0, 0)]  # (−v, push order, node): the next draw at node; the root's value is 1
+    pushes, decodes, evaluated = 1, 0, 0
+    residual: dict[int, Residual] = {}
+    while heap and tree.size - 1 < budget:
+        neg_v, _, node = heap[0]
+        if node not in residual and max_passes and decodes >= max_passes:
+            heapq.heappop(heap)  # no draft pass left this step: a node not drafted gets no children
+            continue
+        if node not in residual:  # line 14, deferred: draft every pending slot that may still pop
+            room = budget - (tree.size - 1)
+            batch = sorted({u for _, _, u in heapq.nsmallest(room, heap) if u not in residual})
+            _evaluate(tree, drafter, batch, seed, residual)
+            decodes, evaluated = decodes + 1, evaluated + len(batch)
+            continue
+        heapq.heappop(heap)
+        v, r = -neg_v, residual[node]
+        if r.exhausted:  # an empty distribution (every candidate banned): nothing to draw
+            continue
+        pos, r_y = r.draw()  # line 7: y ~ R
+        child = tree.add(node, int(r.dist.ids[pos]), float(r.dist.probs[pos]))  # line 6
+        tree.set_children_rule(node, rule)
+        v0, v1 = v * r_y, v * (1.0 - r_y)  # lines 8–9
+        if not r.exhausted and v1 > 0.0:  # lines 10–12: R[y] ← 0 (the draw order skips y)
+            heapq.heappush(heap, (-v1, pushes, node))
+            pushes += 1
+        if v0 > 0.0:  # line 15: the child's distribution is drafted when its slot comes up
+            heapq.heappush(heap, (-v0, pushes, child))
+            pushes += 1
+    return decodes, evaluated
 
 
 @dataclass
@@ -116,47 +168,16 @@ class DySpecPlanner(Planner):
         seed = step_seed(ctx) if ctx.sampling else None
         rule = ChildRule.SAMPLED if ctx.sampling else ChildRule.TOP
         budget = min(self.budget, ctx.max_nodes - 1)
-        run = self._by_threshold if self.threshold > 0 else self._by_budget
-        decodes, evaluated = run(tree, drafter, budget, seed, rule)
+        if self.threshold > 0:
+            decodes, evaluated = self._by_threshold(tree, drafter, budget, seed, rule)
+        elif ctx.sampling:
+            decodes, evaluated = dyspec_by_levels(drafter, tree, budget, self.max_passes, seed, rule)
+        else:  # the engine's drafts the whole tree in one compiled call
+            decodes, evaluated = drafter.greedy_dyspec(tree, budget, self.max_passes)
         stats = PlanStats(
             draft_decodes=decodes, drafted_nodes=evaluated, expected_accept=sum(tree.path_prob[1:])
         )
         return tree.freeze(stats)
-
-    def _evaluate(self, tree, drafter, nodes, seed, residual: dict[int, Residual]) -> None:
-        dists = drafter.expand(tree, nodes)
-        for node, dist in zip(nodes, dists):
-            residual[node] = Residual(dist, draw_order(dist, seed, tree.path_tokens(node)))
-
-    def _by_budget(self, tree: TreeBuilder, drafter: Drafter, budget: int, seed, rule) -> tuple[int, int]:
-        """Algorithm 1 with the draft decodes batched (see the module docstring)."""
-        heap = [(-1.0, 0, 0)]  # (−v, push order, node): the next draw at node; the root's value is 1
-        pushes, decodes, evaluated = 1, 0, 0
-        residual: dict[int, Residual] = {}
-        while heap and tree.size - 1 < budget:
-            neg_v, _, node = heap[0]
-            if node not in residual and self.max_passes and decodes >= self.max_passes:
-                heapq.heappop(heap)  # no draft pass left this step: a node not drafted gets no children
-                continue
-            if node not in residual:  # line 14, deferred: draft every pending slot that may still pop
-                room = budget - (tree.size - 1)
-                batch = sorted({u for _, _, u in heapq.nsmallest(room, heap) if u not in residual})
-                self._evaluate(tree, drafter, batch, seed, residual)
-                decodes, evaluated = decodes + 1, evaluated + len(batch)
-                continue
-            heapq.heappop(heap)
-            v, r = -neg_v, residual[node]
-            pos, r_y = r.draw()  # line 7: y ~ R
-            child = tree.add(node, int(r.dist.ids[pos]), float(r.dist.probs[pos]))  # line 6
-            tree.set_children_rule(node, rule)
-            v0, v1 = v * r_y, v * (1.0 - r_y)  # lines 8–9
-            if not r.exhausted and v1 > 0.0:  # lines 10–12: R[y] ← 0 (the draw order skips y)
-                heapq.heappush(heap, (-v1, pushes, node))
-                pushes += 1
-            if v0 > 0.0:  # line 15: the child's distribution is drafted when its slot comes up
-                heapq.heappush(heap, (-v0, pushes, child))
-                pushes += 1
-        return decodes, evaluated
 
     def _by_threshold(self, tree: TreeBuilder, drafter: Drafter, budget: int, seed, rule) -> tuple[int, int]:
         """Algorithm 2: one draft decode per layer; every slot of value ≥ t is drawn."""
@@ -170,7 +191,7 @@ class DySpecPlanner(Planner):
             grow = sorted(nv for nv in grow if nv[1] >= t)
             if not grow:
                 break
-            self._evaluate(tree, drafter, [u for u, _ in grow], seed, residual)
+            _evaluate(tree, drafter, [u for u, _ in grow], seed, residual)
             decodes, evaluated = decodes + 1, evaluated + len(grow)
             heap = [(-v, i, u) for i, (u, v) in enumerate(grow)]
             heapq.heapify(heap)
@@ -178,6 +199,8 @@ class DySpecPlanner(Planner):
             while heap and tree.size - 1 < budget:  # the layer's slots, best first
                 neg_v, _, node = heapq.heappop(heap)
                 v, r = -neg_v, residual[node]
+                if r.exhausted:  # an empty distribution
+                    continue
                 pos, r_y = r.draw()
                 child = tree.add(node, int(r.dist.ids[pos]), float(r.dist.probs[pos]))
                 tree.set_children_rule(node, rule)

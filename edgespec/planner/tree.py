@@ -206,6 +206,13 @@ class Drafter(Protocol):
         ``tree.dists`` (greedy verification needs none); the engine drafts it in one compiled call."""
         ...
 
+    def greedy_dyspec(self, tree: TreeBuilder, budget: int, max_passes: int = 0) -> tuple[int, int]:
+        """DySpec's tree under a greedy target, grown from the root of a one-node tree: exactly
+        ``planner.dyspec.dyspec_by_levels(self, tree, budget, max_passes)`` (the reference: the same nodes,
+        probabilities, rules and ``tree.dists``); returns (draft decodes, nodes evaluated). The engine
+        drafts it in one compiled call."""
+        ...
+
 
 def greedy_chain_by_levels(drafter: Drafter, tree: TreeBuilder, length: int, p_min: float = 0.0) -> int:
     """``Drafter.greedy_chain`` through ``expand``, one level per decode (what any drafter may use)."""

@@ -1,0 +1,114 @@
+/* What the engine's compiled drafting loops (_chain.c, _dyspec.c) share: llama.cpp's ABI as the pinned
+ * llama-cpp-python (0.3.36) declares it, the functions bound at run time, and small helpers.
+ *
+ * llama.cpp is not linked: engine/_backend.py passes the addresses of llama_decode, llama_synchronize,
+ * llama_get_logits_ith and llama_memory_seq_cp from llama-cpp-python's loaded library to each module's
+ * bind(). tests/test_chain_native.py compares struct llama_batch below with the ctypes one.
+ * Include <Python.h> first. */
+#ifndef EDGESPEC_NATIVE_H
+#define EDGESPEC_NATIVE_H
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <time.h>
+
+typedef struct llama_batch {
+    int32_t n_tokens;
+    int32_t *token;
+    float *embd;
+    int32_t *pos;
+    int32_t *n_seq_id;
+    int32_t **seq_id;
+    int8_t *logits;
+} llama_batch;
+
+typedef int32_t (*decode_fn)(void *ctx, llama_batch batch);
+typedef void (*synchronize_fn)(void *ctx);
+typedef float *(*logits_ith_fn)(void *ctx, int32_t i);
+typedef void (*seq_cp_fn)(void *memory, int32_t src, int32_t dst, int32_t p0, int32_t p1);
+
+static decode_fn llama_decode = NULL;
+static synchronize_fn llama_synchronize = NULL;
+static logits_ith_fn llama_get_logits_ith = NULL;
+static seq_cp_fn llama_memory_seq_cp = NULL;
+
+static PyObject *bind(PyObject *self, PyObject *args)
+{
+    unsigned long long decode, synchronize, logits_ith, seq_cp;
+    if (!PyArg_ParseTuple(args, "KKKK", &decode, &synchronize, &logits_ith, &seq_cp))
+        return NULL;
+    if (!decode || !synchronize || !logits_ith || !seq_cp) {
+        PyErr_SetString(PyExc_ValueError, "bind() needs four function addresses");
+        return NULL;
+    }
+    llama_decode = (decode_fn)(uintptr_t)decode;
+    llama_synchronize = (synchronize_fn)(uintptr_t)synchronize;
+    llama_get_logits_ith = (logits_ith_fn)(uintptr_t)logits_ith;
+    llama_memory_seq_cp = (seq_cp_fn)(uintptr_t)seq_cp;
+    Py_RETURN_NONE;
+}
+
+#define BIND_DOC "bind(llama_decode, llama_synchronize, llama_get_logits_ith, llama_memory_seq_cp addresses)"
+
+/* A sequence of ints as a malloc'd int32 array (*n its length); NULL with an error set on failure. */
+static int32_t *int32_array(PyObject *obj, const char *what, Py_ssize_t *n)
+{
+    PyObject *fast = PySequence_Fast(obj, what);
+    if (!fast)
+        return NULL;
+    *n = PySequence_Fast_GET_SIZE(fast);
+    int32_t *out = malloc((*n ? *n : 1) * sizeof *out);
+    if (!out) {
+        Py_DECREF(fast);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < *n; i++) {
+        long value = PyLong_AsLong(PySequence_Fast_GET_ITEM(fast, i));
+        if ((value == -1 && PyErr_Occurred()) || value < INT32_MIN || value > INT32_MAX) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_OverflowError, "%s: %ld does not fit in int32", what, value);
+            free(out);
+            Py_DECREF(fast);
+            return NULL;
+        }
+        out[i] = (int32_t)value;
+    }
+    Py_DECREF(fast);
+    return out;
+}
+
+static double seconds_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* One llama_decode of the batch and the wait for it (a GPU backend computes asynchronously: the wait is
+ * decode time), added to *seconds. Returns llama_decode's code. */
+static int32_t timed_decode(void *ctx, const llama_batch *batch, double *seconds)
+{
+    double start = seconds_now();
+    int32_t rc = llama_decode(ctx, *batch);
+    llama_synchronize(ctx);
+    *seconds += seconds_now() - start;
+    return rc;
+}
+
+/* Put the first tokens of a drafting call in the batch: at first_position, first_position + 1, …, each in
+ * every id of seq_ids, the last one's row asked for. */
+static void fill_first(llama_batch *batch, const int32_t *tokens, Py_ssize_t n, int32_t first_position,
+                       const int32_t *seq_ids, Py_ssize_t n_ids)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        batch->token[i] = tokens[i];
+        batch->pos[i] = first_position + (int32_t)i;
+        batch->n_seq_id[i] = (int32_t)n_ids;
+        memcpy(batch->seq_id[i], seq_ids, n_ids * sizeof *seq_ids);
+        batch->logits[i] = i == n - 1;
+    }
+    batch->n_tokens = (int32_t)n;
+}
+
+#endif
