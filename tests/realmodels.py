@@ -124,3 +124,32 @@ def first_divergence(tokens, plain_tokens, plain_margins, noise: float, label: s
             f"there is {plain_margins[index]:.3f} > 2 × batch noise {noise:.3f}"
         )
     return index
+
+
+def compiled_and_by_levels(pair, make_planner, prompt: list[int], method: str, reference) -> list[tuple]:
+    """Whole generations (40 tokens) with the engine's compiled ``Draft.<method>`` and again with
+    ``reference`` (the level-by-level path through ``expand``) in its place; asserts that every step's
+    tokens, provenances, margins, tree size, decodes, accepted count and E[A] are equal, and that the
+    draft cache holds as many cells. Returns the steps (the compiled run's)."""
+
+    def steps():
+        events = generate(pair, make_planner(), Request(prompt=prompt, max_tokens=40))
+        return [
+            (
+                [(t.id, t.provenance, t.margin) for t in e.tokens],
+                e.verified_nodes,
+                e.draft_decodes,
+                e.accepted,
+                e.expected_accept,
+            )
+            for e in events
+        ]
+
+    compiled = steps()
+    compiled_cells = pair.draft.ctx.seq_state_bytes(0)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(type(pair.draft), method, reference)
+        by_levels = steps()
+    assert compiled == by_levels  # exactly
+    assert pair.draft.ctx.seq_state_bytes(0) == compiled_cells
+    return compiled

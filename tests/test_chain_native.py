@@ -5,12 +5,12 @@ and KV cells, so whole generations are identical event by event."""
 from __future__ import annotations
 
 import ctypes
+from functools import partial
 
 import llama_cpp
 import pytest
-from realmodels import chat_prompt
+from realmodels import chat_prompt, compiled_and_by_levels
 
-from edgespec.decoding.decoder import Request, generate
 from edgespec.engine import _chain, runners
 from edgespec.measure.prompts import ENGINE_PROMPTS
 from edgespec.planner.chain import ChainPlanner
@@ -38,30 +38,12 @@ def test_bad_arguments_are_errors_not_crashes():
         _chain.greedy_chain(*args[:4], [2**40], *args[5:])
 
 
-def _events(pair, planner, prompt):
-    return [
-        (
-            [(t.id, t.provenance, t.margin) for t in e.tokens],
-            e.verified_nodes,
-            e.draft_decodes,
-            e.accepted,
-            e.expected_accept,
-        )
-        for e in generate(pair, planner, Request(prompt=prompt, max_tokens=40))
-    ]
-
-
 @pytest.mark.model
 @pytest.mark.parametrize("gamma, p_min", [(4, 0.0), (6, 0.6)])
 def test_compiled_chain_equals_drafting_level_by_level(pair, gamma, p_min):
     prompt = chat_prompt(pair, ENGINE_PROMPTS[1])
-    compiled = _events(pair, ChainPlanner(gamma=gamma, p_min=p_min), prompt)
-    compiled_cells = pair.draft.ctx.seq_state_bytes(0)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(runners.Draft, "greedy_chain", greedy_chain_by_levels)
-        by_levels = _events(pair, ChainPlanner(gamma=gamma, p_min=p_min), prompt)
-    assert compiled == by_levels  # tokens, margins, tree sizes, decodes, E[A]: exactly
-    assert pair.draft.ctx.seq_state_bytes(0) == compiled_cells  # the draft's cache holds as many cells
+    make = partial(ChainPlanner, gamma=gamma, p_min=p_min)
+    compiled = compiled_and_by_levels(pair, make, prompt, "greedy_chain", greedy_chain_by_levels)
     assert any(decodes > 1 for _, _, decodes, _, _ in compiled)  # chains were drafted, not just roots
     if p_min:
         assert any(decodes < gamma for _, _, decodes, _, _ in compiled)  # and some stopped early

@@ -4,11 +4,12 @@ decodes and KV cells, so whole generations are identical event by event."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pytest
-from realmodels import chat_prompt
+from realmodels import chat_prompt, compiled_and_by_levels
 
-from edgespec.decoding.decoder import Request, generate
 from edgespec.engine import _dyspec, runners
 from edgespec.measure.prompts import ENGINE_PROMPTS
 from edgespec.planner.dyspec import DySpecPlanner, dyspec_by_levels
@@ -36,30 +37,12 @@ def _by_levels(draft, tree, budget, max_passes=0):
     return dyspec_by_levels(draft, tree, budget, max_passes)
 
 
-def _events(pair, planner, prompt):
-    return [
-        (
-            [(t.id, t.provenance, t.margin) for t in e.tokens],
-            e.verified_nodes,
-            e.draft_decodes,
-            e.accepted,
-            e.expected_accept,
-        )
-        for e in generate(pair, planner, Request(prompt=prompt, max_tokens=40))
-    ]
-
-
 @pytest.mark.model
 @pytest.mark.parametrize("budget, max_passes", [(16, 0), (24, 3)])
 def test_compiled_dyspec_equals_drafting_level_by_level(pair, budget, max_passes):
     prompt = chat_prompt(pair, ENGINE_PROMPTS[1])
-    compiled = _events(pair, DySpecPlanner(budget=budget, max_passes=max_passes), prompt)
-    compiled_cells = pair.draft.ctx.seq_state_bytes(0)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(runners.Draft, "greedy_dyspec", _by_levels)
-        by_levels = _events(pair, DySpecPlanner(budget=budget, max_passes=max_passes), prompt)
-    assert compiled == by_levels  # tokens, margins, tree sizes, decodes, E[A]: exactly
-    assert pair.draft.ctx.seq_state_bytes(0) == compiled_cells  # the draft's cache holds as many cells
+    make = partial(DySpecPlanner, budget=budget, max_passes=max_passes)
+    compiled = compiled_and_by_levels(pair, make, prompt, "greedy_dyspec", _by_levels)
     assert any(decodes > 2 for _, _, decodes, _, _ in compiled)  # trees of several levels were drafted
     if max_passes:
         assert max(decodes for _, _, decodes, _, _ in compiled) == max_passes
