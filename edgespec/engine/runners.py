@@ -253,15 +253,17 @@ class Draft(CachedModel):
         self.committed.extend(pending)
         self.pending = []
         self._root_pos = len(self.committed) - 1
+        paths = [(int(tree.tokens[0]),)]  # each node's token path, parents first
         for parent, token, prob in zip(parents, tokens, probs):
             tree.set_children_rule(parent, ChildRule.TOP)
             tree.add(parent, token, prob)
+            paths.append((*paths[parent], token))
         top_ids = np.frombuffer(ids, np.int32).reshape(len(evaluated), k)
         top_p = np.frombuffer(top_probs, np.float64).reshape(len(evaluated), k)
         for row, (node, seq, n_found) in enumerate(zip(evaluated, seqs, found)):
             tree.dists[node] = SparseDist(ids=top_ids[row, :n_found], probs=top_p[row, :n_found])
             self._node_seq[node] = seq if seq >= 0 else None
-            self._path_seq[tuple(tree.path_tokens(node))] = self._node_seq[node]
+            self._path_seq[paths[node]] = self._node_seq[node]
         self._seq_taken.update(taken)
         self._used_seqs = list(range(n_used))
         self.tagged_seqs = tuple(range(n_tagged))
