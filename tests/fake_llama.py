@@ -129,7 +129,7 @@ class FakeContext:
 
     def greedy_chain(
         self, first_tokens, first_position, first_seq_ids, chain_seq, length, p_min, temp, vocab_limit, banned
-    ) -> tuple[list[int], list[float], int]:
+    ) -> tuple[int, list[int], list[float]]:
         """The compiled chain's contract (``Context.greedy_chain``, engine/_chain.c) over this decode."""
         n = len(first_tokens)
         positions = range(first_position, first_position + n)
@@ -148,7 +148,7 @@ class FakeContext:
             position += 1
             self.decode([tokens[-1]], [position], [(chain_seq,)], [True])
             decodes += 1
-        return tokens, probs, decodes
+        return decodes, tokens, probs
 
     def greedy_tree(
         self, first_tokens, first_position, n_tagged, budget, max_passes, k, temp, vocab_limit, banned

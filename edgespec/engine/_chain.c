@@ -78,7 +78,7 @@ done:
 }
 
 /* greedy_chain(ctx, batch, n_batch, n_seq_max, first_tokens, first_position, first_seq_ids, chain_seq,
- *              length, p_min, temperature, vocab_limit, banned) -> (rc, tokens, probs, seconds, decodes)
+ *              length, p_min, temperature, vocab_limit, banned) -> (rc, decodes, seconds, tokens, probs)
  *
  * First decode: first_tokens at first_position, first_position + 1, …, each in first_seq_ids, the last
  * one's row asked for. Then up to `length` tokens: each the top allowed id of the last row (banned:
@@ -140,7 +140,7 @@ static PyObject *greedy_chain(PyObject *self, PyObject *args)
             PyList_SET_ITEM(probs, i, PyFloat_FromDouble(c.probs[i]));
         }
     if (tokens && probs && !PyErr_Occurred())
-        result = Py_BuildValue("(iOOdn)", c.rc, tokens, probs, c.seconds, c.decodes);
+        result = Py_BuildValue("(indOO)", c.rc, c.decodes, c.seconds, tokens, probs);
     Py_XDECREF(tokens);
     Py_XDECREF(probs);
 out:
@@ -156,7 +156,7 @@ static PyMethodDef methods[] = {
     {"bind", bind, METH_VARARGS, BIND_DOC},
     {"greedy_chain", greedy_chain, METH_VARARGS,
      "greedy_chain(ctx, batch, n_batch, n_seq_max, first_tokens, first_position, first_seq_ids, chain_seq, "
-     "length, p_min, temperature, vocab_limit, banned) -> (rc, tokens, probs, seconds, decodes)"},
+     "length, p_min, temperature, vocab_limit, banned) -> (rc, decodes, seconds, tokens, probs)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -260,30 +260,21 @@ class Context:
         temperature: float,
         vocab_limit: int,
         banned: Sequence[int],
-    ) -> tuple[list[int], list[float], int]:
-        """Draft a greedy chain in one compiled call (``engine/_chain.c``); returns its tokens, their
-        full-softmax probabilities and the decodes made.
+    ) -> tuple[int, list[int], list[float]]:
+        """Draft a greedy chain in one compiled call (``engine/_chain.c``); returns the decodes made, the
+        chain's tokens and their full-softmax probabilities.
 
         First ``first_tokens`` at ``first_position`` … in ``first_seq_ids`` (the root last: its row is
         the first level's), then each level's top allowed id (not in ``banned``, ascending; below
         ``vocab_limit``) is drafted and decoded into ``chain_seq`` at the next position — except the
         ``length``-th, and one whose probability is below ``p_min``: drafting stops after either."""
-        n = len(first_tokens)
-        if n > self.settings.n_batch:
-            raise EngineError(f"a batch of {n} tokens exceeds n_batch={self.settings.n_batch}")
-        with self._owner:
-            self._live()
-            rc, tokens, probs, seconds, decodes = _chain.greedy_chain(
-                address(self.ptr), ctypes.addressof(self._batch), self.settings.n_batch,
-                self.settings.n_seq_max, first_tokens, first_position, first_seq_ids, chain_seq, length,
-                p_min, temperature, vocab_limit, banned,
-            )  # fmt: skip
-        self.decode_seconds += seconds
-        if rc == -2:
-            raise EngineError("llama.cpp returned no logits row for a drafted token (please report this)")
-        if rc != 0:
-            raise EngineError(_decode_failure(rc, n if decodes == 1 else 1, self.n_ctx))
-        return tokens, probs, decodes
+        return self._draft_in_c(
+            len(first_tokens), 1,
+            lambda ctx, batch: _chain.greedy_chain(
+                ctx, batch, self.settings.n_batch, self.settings.n_seq_max, first_tokens, first_position,
+                first_seq_ids, chain_seq, length, p_min, temperature, vocab_limit, banned,
+            ),
+        )  # fmt: skip
 
     def greedy_tree(
         self, first_tokens: Sequence[int], first_position: int, n_tagged: int, budget: int, max_passes: int,
@@ -292,16 +283,25 @@ class Context:
         """Draft DySpec's greedy tree in one compiled call (``engine/_dyspec.c``; its ``result`` lists what
         comes back after rc, decodes and seconds). First ``first_tokens`` at ``first_position`` … in
         sequences 0 … ``n_tagged`` − 1 (the root last), then the tree's levels."""
-        n = len(first_tokens)
-        if n > self.settings.n_batch:
-            raise EngineError(f"a batch of {n} tokens exceeds n_batch={self.settings.n_batch}")
+        return self._draft_in_c(
+            len(first_tokens), budget,
+            lambda ctx, batch: _dyspec.greedy_tree(
+                ctx, address(self.memory), batch, self.settings.n_batch, self.settings.n_seq_max,
+                first_tokens, first_position, n_tagged, budget, max_passes, k, temperature,
+                vocab_limit, banned,
+            ),
+        )  # fmt: skip
+
+    def _draft_in_c(self, n_first: int, n_later: int, call) -> tuple:
+        """Run a compiled drafting loop on this context: ``call(context address, batch address)`` returns
+        (rc, decodes, seconds, *drafted); its decode time is added here, a failure becomes an error (-2:
+        no logits row, -3: out of sequence ids, else llama_decode's code for the first batch of
+        ``n_first`` tokens or a later one of at most ``n_later``). Returns (decodes, *drafted)."""
+        if n_first > self.settings.n_batch:
+            raise EngineError(f"a batch of {n_first} tokens exceeds n_batch={self.settings.n_batch}")
         with self._owner:
             self._live()
-            rc, decodes, seconds, *tree = _dyspec.greedy_tree(
-                address(self.ptr), address(self.memory), ctypes.addressof(self._batch), self.settings.n_batch,
-                self.settings.n_seq_max, first_tokens, first_position, n_tagged, budget, max_passes, k,
-                temperature, vocab_limit, banned,
-            )  # fmt: skip
+            rc, decodes, seconds, *drafted = call(address(self.ptr), ctypes.addressof(self._batch))
         self.decode_seconds += seconds
         if rc == -3:
             n_seq = self.settings.n_seq_max
@@ -309,8 +309,8 @@ class Context:
         if rc == -2:
             raise EngineError("llama.cpp returned no logits row for a drafted token (please report this)")
         if rc != 0:
-            raise EngineError(_decode_failure(rc, n if decodes == 1 else budget, self.n_ctx))
-        return decodes, *tree
+            raise EngineError(_decode_failure(rc, n_first if decodes == 1 else n_later, self.n_ctx))
+        return decodes, *drafted
 
     def logits_rows(self, n_rows: int) -> np.ndarray:
         """Zero-copy, read-only (n_rows, V) view of the last decode's output rows, in batch order.

@@ -146,7 +146,8 @@ class Draft(CachedModel):
     def __init__(self, ctx: Context, top_k: int = 32, vocab_limit: int | None = None):
         super().__init__(ctx)
         self.top_k = top_k  # candidates kept per distribution (q is this top-k, renormalised)
-        self.vocab_limit = vocab_limit or ctx.n_vocab  # never propose ids the target lacks
+        # never propose ids the target lacks, nor read past the draft's own rows
+        self.vocab_limit = min(vocab_limit or ctx.n_vocab, ctx.n_vocab)
         self.temperature = 1.0
         self.mask_ids: tuple[int, ...] = ()  # ParallelSpec's [MASK]_1 … [MASK]_K: never proposed
         self.pending: list[int] = []  # tokens the target committed that the draft has not decoded
@@ -180,10 +181,7 @@ class Draft(CachedModel):
             # The root: catch up on what the target committed last step (accepted tokens the draft
             # never decoded, then the new root), straight into the committed prefix.
             row = self.decode_committed(self.pending, want_last=True)
-            self.pending = []
-            self._root_pos = len(self.committed) - 1
-            self._node_seq[0] = None
-            self._path_seq[(tree.tokens[0],)] = None
+            self._root_committed(tree)
             rows = row[None, :]
         else:
             rows = self._decode_level(tree, nodes)
@@ -204,24 +202,21 @@ class Draft(CachedModel):
         pending = self._catch_up(room=self.ctx.settings.n_batch)
         base = len(self.committed)
         chain_seq = len(self._used_seqs)  # the sequence _fresh_seq gives the root's first child
-        tokens, probs, decodes = self.ctx.greedy_chain(
+        decodes, tokens, probs = self.ctx.greedy_chain(
             pending, base, self.tagged_seqs, chain_seq, length, p_min, self.temperature, self.vocab_limit,
             sorted(set(self.mask_ids)),
         )  # fmt: skip
         # The bookkeeping of expand([0]), expand([1]), …: the root committed, nodes 1 … decodes − 1
         # decoded into chain_seq (each continuing its parent's), the last drafted token not decoded.
         self.committed.extend(pending)
-        self.pending = []
-        self._root_pos = len(self.committed) - 1
-        self._node_seq[0] = None
-        self._path_seq[(tree.tokens[0],)] = None
-        node = 0
+        self._root_committed(tree)
+        node, path = 0, (int(tree.tokens[0]),)
         for depth, (token, prob) in enumerate(zip(tokens, probs), start=1):
             tree.set_children_rule(node, ChildRule.TOP)
-            node = tree.add(node, token, prob)
+            node, path = tree.add(node, token, prob), (*path, token)
             if depth < decodes:
                 self._node_seq[node] = chain_seq
-                self._path_seq[tuple(tree.path_tokens(node))] = chain_seq
+                self._path_seq[path] = chain_seq
                 if depth > 1:
                     self._seq_taken.add(tree.parents[node])
         if decodes > 1:
@@ -240,19 +235,17 @@ class Draft(CachedModel):
             return 0, 0
         start = perf_counter()
         pending = self._catch_up(room=self.ctx.settings.n_batch)
-        vocab = min(self.vocab_limit, self.ctx.n_vocab)
-        k = min(self.top_k, vocab)
+        k = min(self.top_k, self.vocab_limit)
         decodes, parents, tokens, probs, evaluated, seqs, ids, top_probs, found, taken, n_used, n_tagged = (
             self.ctx.greedy_tree(
                 pending, len(self.committed), len(self.tagged_seqs), budget, max_passes, k, self.temperature,
-                vocab, sorted(set(self.mask_ids)),
+                self.vocab_limit, sorted(set(self.mask_ids)),
             )  # fmt: skip
         )
         # The bookkeeping of expand, level by level: the root committed, each evaluated node decoded in
         # its sequence (the root: the committed prefix), the fresh ids used, the prefix tagged with them.
         self.committed.extend(pending)
-        self.pending = []
-        self._root_pos = len(self.committed) - 1
+        self._root_committed(tree)
         paths = [(int(tree.tokens[0]),)]  # each node's token path, parents first
         for parent, token, prob in zip(parents, tokens, probs):
             tree.set_children_rule(parent, ChildRule.TOP)
@@ -301,13 +294,18 @@ class Draft(CachedModel):
         dists = draft_dists(rows, self.top_k, self.temperature, self.vocab_limit, self.mask_ids)
         self.ctx.seq_rm(-1, base + n)  # the mask cells: the only cells past the root
         self.committed.extend(int(t) for t in pending)
-        self.pending = []
-        self._root_pos = len(self.committed) - 1
-        self._node_seq[0] = None
-        self._path_seq[(tree.tokens[0],)] = None  # the root is committed; nothing else was decoded
+        self._root_committed(tree)  # nothing else was decoded
         self.decode_seconds += perf_counter() - start
         self.decodes += 1
         return dists
+
+    def _root_committed(self, tree: TreeBuilder) -> None:
+        """The pending tokens, the root last, are now the committed prefix's end: the root is decoded
+        (in every tagged sequence) and nothing is left to catch up on."""
+        self.pending = []
+        self._root_pos = len(self.committed) - 1
+        self._node_seq[0] = None
+        self._path_seq[(int(tree.tokens[0]),)] = None
 
     def _catch_up(self, room: int) -> list[int]:
         """The pending tokens that fit in ``room`` of the next batch (the root last); a longer catch-up
