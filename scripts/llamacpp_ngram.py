@@ -20,10 +20,11 @@ import tempfile
 from pathlib import Path
 from statistics import median
 
+from edgespec.decoding.chat import ChatSettings, Message, prompt_tokens
 from edgespec.decoding.sampling import SamplingParams
 from edgespec.engine.pair import EngineSettings
 from edgespec.measure.prompts import load_prompts
-from edgespec.measure.runner import _chat_tokens, timed_run
+from edgespec.measure.runner import timed_run
 from edgespec.models.pairs import open_pair, resolve_pair
 from edgespec.strategy import StrategyChoice, make_planner
 
@@ -85,7 +86,8 @@ def main(argv: list[str]) -> int:
                     "verified": s.verified_nodes}
 
         for index, case in enumerate(load_prompts(prompt_set)):
-            prompt = _chat_tokens(pair, case, max_tokens)
+            chat = [Message(role, content) for role, content in case.messages]
+            prompt, _ = prompt_tokens(pair, chat, ChatSettings(max_tokens=max_tokens))
             pair.target.sync(prompt[:-1])
             pair.draft.sync(prompt)
             if index == 0:  # warm-up, as bench does
