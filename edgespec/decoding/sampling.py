@@ -91,7 +91,7 @@ def draft_dists(
     vocabulary lacks) and ids in ``exclude`` (ParallelSpec's [MASK] tokens) are never proposed.
     Candidates are ordered by logit, descending; equal logits by id, ascending — exactly
     ``np.argsort(-row, kind="stable")`` without the excluded ids, cut to k. Probabilities are within
-    5e-7 of the float64 softmax (the bound is in ``_rows.c``).
+    7e-7 of the float64 softmax, 3e-7 at T = 1 (the bound is in ``_row_kernels.h``).
     """
     rows = logits_rows[:, :vocab_limit]  # (R, V) float32, usually a view of llama.cpp's buffer
     banned = np.unique(np.asarray(exclude, dtype=np.int32)) if len(exclude) else _NO_IDS
