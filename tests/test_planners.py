@@ -375,7 +375,7 @@ def test_opt_tree_stops_earlier_where_a_draft_level_costs_its_size():
     depths = {}
     for label, planner in {
         "one token": OptTreePlanner(budget=24, mu=0.05),
-        "level": OptTreePlanner(budget=24),
+        "level": OptTreePlanner(budget=24, layers="all"),  # every layer node: the δ rule alone
     }.items():
         if label == "level":
             planner.use_costs(per_node)
@@ -384,6 +384,45 @@ def test_opt_tree_stops_earlier_where_a_draft_level_costs_its_size():
         depths[label] = (int(tree.depth.max()), drafter.decodes)
     assert depths["level"][1] < depths["one token"][1]  # fewer draft levels
     assert depths["level"][0] < depths["one token"][0]
+
+
+def test_opt_tree_drafts_only_layer_nodes_that_pay_for_their_level():
+    """layers="paying": a layer's m best nodes, m maximising Σ p̂ − c_d(m) / c_t(n + 1). Where a row
+    costs its share of a decode, unlikely alternatives go undrafted (fewer rows, no more passes); where
+    draft rows cost nothing the trees are the paper's ("all") exactly."""
+    from edgespec.planner.costmodel import CostModel
+
+    def plan(draft_cost, layers, seed):
+        planner = OptTreePlanner(budget=16, delta=0.05, layers=layers)
+        planner.use_costs(CostModel.from_functions(lambda n: 1.0 + 0.05 * n, draft_cost))
+        drafter = SyntheticDrafter.random(vocab=40, top_k=8, seed=seed, sharpness=9.0)
+        tree = planner.plan(2, drafter, ctx())
+        return tree, drafter.decodes, tree.stats.drafted_nodes
+
+    fewer = 0
+    for seed in range(12):
+        free, free_all = plan(lambda m: 0.0 * m, "paying", seed), plan(lambda m: 0.0 * m, "all", seed)
+        assert np.array_equal(free[0].tokens, free_all[0].tokens)
+        assert np.array_equal(free[0].parents, free_all[0].parents)
+        assert free[2] == free_all[2]
+        paying, every = plan(lambda m: 0.1 * m, "paying", seed), plan(lambda m: 0.1 * m, "all", seed)
+        assert paying[2] <= every[2] and paying[1] <= every[1]
+        fewer += paying[2] < every[2]
+    assert fewer >= 6  # most plans leave rows undrafted
+
+
+def test_opt_tree_paying_layer_maximises_value_minus_cost():
+    from edgespec.planner.costmodel import CostModel
+
+    planner = OptTreePlanner(budget=8)
+    planner.use_costs(CostModel.from_functions(lambda n: 2.0, lambda m: 0.1 + 0.2 * m))
+    tree = TreeBuilder(7)
+    for token, q in enumerate([0.5, 0.3, 0.12, 0.05, 0.03]):
+        tree.add(0, token, q)
+    # level cost / t = 0.05 + 0.1 m; Σ p̂ − cost: 0.35, 0.55, 0.57, 0.52, 0.45 → m = 3
+    assert planner._worth_drafting(tree, [5, 1, 4, 2, 3], planner._level_costs(8)) == [1, 2, 3]
+    assert OptTreePlanner(budget=8, layers="all")._level_costs(8) is None
+    assert planner._worth_drafting(tree, [5, 1], None) == [5, 1]
 
 
 def test_opt_tree_sizes_the_final_tree_by_the_cost_curves():

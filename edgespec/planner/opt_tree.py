@@ -25,6 +25,11 @@ A free saving over the paper: a layer node outside the current overall top n can
 final top n, nor can its descendants (p̂ only shrinks downwards, and the n-th best only grows), so
 only layer nodes inside the current top n are sent to the draft. The result is the paper's, exactly.
 
+A departure, with the cost curves (``layers="paying"``, the default; ``"all"`` is the paper's): of
+those layer nodes only the m best whose p̂ can pay for their draft level are expanded. The paper
+expands the whole layer because a GPU drafts n rows for the price of one; on a CPU a row costs about a
+decode, and three in four of the rows drafted were alternatives that never made the final tree.
+
 Children are the draft's most likely tokens (deterministic): the one-hot rule verifies them, greedy
 or sampling. Ties in p̂ go to the older node, which keeps the kept set a subtree even when q = 1.
 
@@ -80,6 +85,12 @@ class OptTreePlanner(Planner):
         None, "δ: stop deepening when E(A) grows by less (default: μ, break-even)", kind="float"
     )
     max_depth: int = param(10, params.MAX_DEPTH, minimum=1)
+    layers: str = param(
+        "paying",
+        "which nodes of a level the draft expands: paying (with a cost profile, those whose p̂ pays for "
+        "the level's cost) or all (the paper's: every node inside the top n)",
+        choices=("paying", "all"),
+    )
     costs: CostModel | None = field(default=None, compare=False, repr=False)  # the pair's cost profile
     name = "opt-tree"
     wants_costs = True
@@ -103,12 +114,19 @@ class OptTreePlanner(Planner):
 
     def describe(self) -> str:
         # δ shown for a full level of n nodes (the largest OPT-Tree expands)
-        return f"n={self.budget} δ={self.threshold(self.budget, self.budget):.3g} depth≤{self.max_depth}"
+        return (
+            f"n={self.budget} δ={self.threshold(self.budget, self.budget):.3g} depth≤{self.max_depth}"
+            f" layers={self.layers}"
+        )
 
     def plan(self, root_token: int, drafter: Drafter, ctx: PlanContext) -> DraftTree:
+        # Between two draft decodes the Python here runs with cold caches (on a CPU the decode streamed
+        # the weights through them), so the per-level work is plain Python on short lists: numpy's
+        # calls cost ~30-100 µs each there, for arrays of a few dozen numbers.
         tree = TreeBuilder(root_token)
         n = min(self.budget, ctx.max_nodes - 1)
         capacity = ctx.max_nodes - 1  # nodes besides the root the draft may evaluate (its sequences)
+        level_cost = self._level_costs(n)
         layer, e_old, decodes, evaluated = [0], 0.0, 0, 0
         drafting = 0.0  # seconds of draft levels, from the cost curves
         for _ in range(self.max_depth if n > 0 else 0):
@@ -116,13 +134,13 @@ class OptTreePlanner(Planner):
             decodes += 1
             drafting += self.costs.d(len(layer)) if self.costs is not None else 0.0
             evaluated += len(layer) - (1 if layer == [0] else 0)
-            children = self._next_layer(tree, layer, dists, n)
-            e_new = float(np.sort(np.asarray(tree.path_prob[1:]))[::-1][:n].sum())  # E_sub(T, n)
+            children, top_n = self._next_layer(tree, layer, dists, n)
+            e_new = sum(sorted(top_n, reverse=True))  # E_sub(T, n): the n largest p̂ so far
             gain, e_old = e_new - e_old, e_new
-            # The next level: the new children inside the current overall top n (the rest can never
-            # enter the final top n), as many as the draft's sequences allow.
-            kept = set(top_nodes(np.asarray(tree.path_prob), n).tolist())
-            layer = best_by_path_prob(tree, [u for u in children if u in kept], capacity - evaluated)
+            # The next level: the new children, all inside the current overall top n (each was added
+            # only when its p̂ beat the n-th largest), as many as the draft's sequences allow.
+            layer = best_by_path_prob(tree, children, capacity - evaluated)
+            layer = self._worth_drafting(tree, layer, level_cost)
             if not layer or gain < self.threshold(len(layer), n):  # the last gain vs the next level's cost
                 break
         out = subtree(tree, top_nodes(np.asarray(tree.path_prob), self._final_size(tree, n, drafting)))
@@ -133,6 +151,33 @@ class OptTreePlanner(Planner):
         )
         return out.freeze(stats)
 
+    def _level_costs(self, n: int) -> list[float] | None:
+        """c_d(m) / c_t(n + 1) for m = 0 … n: a draft level of m nodes in target steps (with the cost
+        curves and layers="paying"; else None)."""
+        if self.costs is None or self.layers == "all":
+            return None
+        return [0.0, *(self.costs.d(np.arange(1, n + 1)) / self.costs.t(n + 1)).tolist()]
+
+    @staticmethod
+    def _worth_drafting(tree: TreeBuilder, layer: list[int], level_cost: list[float] | None) -> list[int]:
+        """The m best nodes of the next layer whose expansion can pay for its level (all without costs).
+
+        Expanding u adds children whose p̂ sum to at most p̂(u) (their q sum to ≤ 1), so the m largest
+        p̂ of the layer bound what its level can add to E(A), and c_d(m) / c_t(n + 1) is what that level
+        costs in target steps: m maximises Σ_{j ≤ m} p̂(u_j) − c_d(m) / c_t(n + 1) (the first m on
+        ties). Where a draft row costs almost nothing (a GPU), that is the whole layer; on a CPU, where
+        each row of a level costs about a decode, the unlikely alternatives of a confident path are
+        left undrafted."""
+        if level_cost is None or len(layer) <= 1:
+            return layer
+        by_phat = sorted(layer, key=lambda u: -tree.path_prob[u])  # stable: ties keep index order
+        bound, best_m, best_net = 0.0, 1, -np.inf  # bound: Σ of the m largest p̂
+        for m, u in enumerate(by_phat, start=1):
+            bound += tree.path_prob[u]
+            if bound - level_cost[m] > best_net:
+                best_m, best_net = m, bound - level_cost[m]
+        return sorted(by_phat[:best_m])  # index order: parents before children in the batch
+
     def _final_size(self, tree: TreeBuilder, n: int, drafting: float) -> int:
         """n; with the cost curves, the m ≤ n whose top-m tree has the best expected rate."""
         if self.costs is None:
@@ -141,31 +186,32 @@ class OptTreePlanner(Planner):
         return best_size(0.0, 0, best_phat, drafting, 1.0, self.costs, n).m
 
     @staticmethod
-    def _next_layer(tree: TreeBuilder, layer: list[int], dists, n: int) -> list[int]:
-        """Add the n children of ``layer`` with the largest p̂ = p̂(parent) · q; returns them.
+    def _next_layer(tree: TreeBuilder, layer: list[int], dists, n: int) -> tuple[list[int], list[float]]:
+        """Add the n children of ``layer`` with the largest p̂ = p̂(parent) · q; returns them, and the
+        n largest p̂ of the tree after (a min-heap).
 
         A child at or below the n-th largest p̂ of the nodes before it is not added: n older nodes beat
         it (ties go to the older node) and the n-th largest only grows, so it could never be kept; in
         p̂ order, neither could the children after it. The kept set, and so the returned tree, is the
         same; only fewer nodes are built."""
-        sizes = [d.probs.shape[0] for d in dists]
-        parent_at = np.repeat(np.arange(len(layer)), sizes)  # (C,) index into layer
-        pos = np.concatenate([np.arange(s) for s in sizes])  # (C,) rank within its parent
-        q = np.concatenate([d.probs for d in dists])  # (C,)
-        phat = np.asarray([tree.path_prob[u] for u in layer])[parent_at] * q
-        live = np.flatnonzero(q > 0.0)
-        best = live[np.lexsort((pos[live], parent_at[live], -phat[live]))][:n]
+        # (−p̂, parent's place in the layer, rank under the parent) of every child with q > 0: the
+        # tuples order by p̂ descending, then parent, then rank (all distinct, so no ties left)
+        candidates = [
+            (-(tree.path_prob[u] * q), i, rank)
+            for i, (u, d) in enumerate(zip(layer, dists))
+            for rank, q in enumerate(d.probs.tolist())
+            if q > 0.0
+        ]
         top_n = sorted(tree.path_prob[1:])[-n:]  # the n largest p̂ so far: a min-heap (ascending)
         added = []
-        for c in best:  # p̂ order; within one parent that is rank order
-            if len(top_n) == n and phat[c] <= top_n[0]:
+        for neg_phat, i, rank in heapq.nsmallest(n, candidates):  # p̂ order; within a parent, rank order
+            if len(top_n) == n and -neg_phat <= top_n[0]:
                 break
             if len(top_n) < n:
-                heapq.heappush(top_n, float(phat[c]))
+                heapq.heappush(top_n, -neg_phat)
             else:
-                heapq.heapreplace(top_n, float(phat[c]))
-            parent = layer[int(parent_at[c])]
-            d = dists[int(parent_at[c])]
-            added.append(tree.add(parent, int(d.ids[pos[c]]), float(q[c])))
-            tree.set_children_rule(parent, ChildRule.TOP)
-        return added
+                heapq.heapreplace(top_n, -neg_phat)
+            q = float(dists[i].probs[rank])
+            added.append(tree.add(layer[i], int(dists[i].ids[rank]), q))
+            tree.set_children_rule(layer[i], ChildRule.TOP)
+        return added, top_n
