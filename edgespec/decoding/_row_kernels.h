@@ -167,7 +167,8 @@ static VECTOR_CLONES double row_pass(const float *row, Py_ssize_t n, float *bloc
         for (Py_ssize_t j = b * BLOCK; j < n; j += LANES) {
             f32v v = n - j >= LANES ? load(row + j) : load_part(row + j, n - j);
             m = vmax(m, v);
-            if (want_sum && hmax(v) <= EXACT_EXP_HIGH) /* -inf lanes: exp clamps them to e^-87: zero them */
+            want_sum = want_sum && hmax(v) <= EXACT_EXP_HIGH; /* as above: past the range, no sum */
+            if (want_sum) /* -inf lanes: exp clamps them to e^-87: zero them */
                 accumulate(sum, pick(v > -INFINITY, vexp(v), (f32v){0}));
         }
         block_max[b] = hmax(m);

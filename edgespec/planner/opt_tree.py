@@ -171,7 +171,7 @@ class OptTreePlanner(Planner):
         if level_cost is None or len(layer) <= 1:
             return layer
         by_phat = sorted(layer, key=lambda u: -tree.path_prob[u])  # stable: ties keep index order
-        bound, best_m, best_net = 0.0, 1, -np.inf  # bound: Σ of the m largest p̂
+        bound, best_m, best_net = 0.0, 1, float("-inf")  # bound: Σ of the m largest p̂
         for m, u in enumerate(by_phat, start=1):
             bound += tree.path_prob[u]
             if bound - level_cost[m] > best_net:
