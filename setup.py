@@ -4,6 +4,7 @@
 - ``edgespec.engine._chain``: the draft's greedy chain, decoded level after level in one call (the same
   kernels; llama.cpp's functions are bound at run time from llama-cpp-python's library, not linked).
 - ``edgespec.engine._dyspec``: DySpec's greedy tree (Algorithm 1) drafted in one call, the same way.
+- ``edgespec.engine._verify``: the target's greedy verification of a tree (pack, decode, walk) in one call.
 
 -fno-trapping-math lets the compiler vectorise the clamps; -Wno-psabi quiets a note on the vector
 clones' calling convention (internal functions only). scripts/gpu/build.sh compiles the same files with
@@ -25,5 +26,8 @@ CHAIN = Extension(
 DYSPEC = Extension(
     "edgespec.engine._dyspec", ["edgespec/engine/_dyspec.c"], depends=NATIVE, extra_compile_args=FLAGS
 )
+VERIFY = Extension(
+    "edgespec.engine._verify", ["edgespec/engine/_verify.c"], depends=NATIVE, extra_compile_args=FLAGS
+)
 
-setup(ext_modules=[ROWS, CHAIN, DYSPEC])
+setup(ext_modules=[ROWS, CHAIN, DYSPEC, VERIFY])

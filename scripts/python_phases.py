@@ -73,6 +73,8 @@ for owner, name, label in [
     timed(owner, name, label)
 timed(_llama.Context, "greedy_chain", "compiled chain (its decodes out)", decodes_in_c=True)
 timed(_llama.Context, "greedy_tree", "compiled DySpec tree (its decodes out)", decodes_in_c=True)
+timed(_llama.Context, "greedy_verify", "compiled verify (its decode out)", decodes_in_c=True)
+timed(runners.Target, "verify_greedy", "Target.verify_greedy (pack)")
 
 name, params = sys.argv[1], json.loads(sys.argv[2])
 max_tokens = int(sys.argv[3]) if len(sys.argv) > 3 else 128

@@ -16,8 +16,9 @@ from time import perf_counter
 
 import numpy as np
 
-from edgespec.decoding.sampling import draft_dists
+from edgespec.decoding.sampling import argmax_margin, draft_dists
 from edgespec.engine._llama import ContextSettings
+from edgespec.planner.tree import ChildRule
 
 VOCAB = 48
 EOS = 0
@@ -179,6 +180,27 @@ class FakeContext:
             probs.tobytes(), [tree.dists[node].ids.size for node in evaluated], sorted(draft._seq_taken),
             len(draft._used_seqs), len(draft.tagged_seqs),
         )  # fmt: skip
+
+    def greedy_verify(self, tokens, parents, child_rule, first_position, seq_counts, seq_ids) -> tuple:
+        """The compiled verifier's contract (``Context.greedy_verify``, engine/_verify.c): this decode of
+        the packed tree, then the greedy walk down its rows."""
+        depth = [0]
+        for parent in parents[1:]:
+            depth.append(depth[parent] + 1)
+        ends = np.cumsum(seq_counts)
+        ids = [tuple(int(s) for s in seq_ids[end - count : end]) for end, count in zip(ends, seq_counts)]
+        self.decode(tokens, [first_position + d for d in depth], ids, [True] * len(tokens))
+        path, margins, node = [], [], 0
+        while True:
+            if child_rule[node] == ChildRule.LONGEST:
+                raise ValueError("greedy_verify walks no LONGEST node")
+            best, margin = argmax_margin(self._rows[node])
+            path.append(node)
+            margins.append(margin)
+            below = (c for c in range(node + 1, len(tokens)) if parents[c] == node and tokens[c] == best)
+            node = next(below, None)
+            if node is None:
+                return path, best, margins
 
     def logits_rows(self, n_rows: int) -> np.ndarray:
         assert n_rows == self._rows.shape[0], (n_rows, self._rows.shape)

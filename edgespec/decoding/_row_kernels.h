@@ -268,9 +268,9 @@ static int by_int32(const void *a, const void *b)
 
 /* The top k allowed ids of one row (n logits) into ids/probs; returns how many (k unless the row has
  * fewer allowed ids). banned: ascending, unique. Returns -1 when out of memory. */
-static Py_ssize_t row_top_k(const float *row, Py_ssize_t n, Py_ssize_t k, double temperature,
-                            const int32_t *banned, Py_ssize_t n_banned, float *block_max, float *heap,
-                            int32_t *ids, double *probs)
+static inline Py_ssize_t row_top_k(const float *row, Py_ssize_t n, Py_ssize_t k, double temperature,
+                                   const int32_t *banned, Py_ssize_t n_banned, float *block_max, float *heap,
+                                   int32_t *ids, double *probs)
 {
     Py_ssize_t n_blocks = (n + BLOCK - 1) / BLOCK;
     Py_ssize_t pool = k + n_banned < n ? k + n_banned : n; /* the top k + |banned| hold the top k allowed */

@@ -176,9 +176,15 @@ def speculative_step(
         verified = perf_counter()
         verdict, emitted = Verdict((0,), token), (EmittedToken(token, Provenance.TARGET, margin),)
     else:
-        layout, target_rows = target.verify(tree, root_row)  # pack + the one target decode
-        verified = perf_counter()
-        verdict, path_margins = decide(tree, target_rows, params, rng)
+        if params.greedy and root_row is None:
+            # pack + the one target decode + the greedy walk (``decide``'s), in one compiled call
+            layout, path, token, path_margins = target.verify_greedy(tree)
+            verified = perf_counter()
+            verdict = Verdict(path, token)
+        else:
+            layout, target_rows = target.verify(tree, root_row)  # pack + the one target decode
+            verified = perf_counter()
+            verdict, path_margins = decide(tree, target_rows, params, rng)
         emitted = provenance(tree, verdict, path_margins)
         target.commit(tree, layout, verdict.path, root_committed=root_row is not None)
     draft.commit(tree, verdict.path, verdict.next_token)

@@ -12,7 +12,7 @@ from functools import cache
 
 import llama_cpp as C
 
-from . import _chain, _dyspec
+from . import _chain, _dyspec, _verify
 
 _BACKEND_READY = False
 
@@ -31,7 +31,7 @@ def _ensure_backend() -> None:
             library.llama_get_logits_ith,
             library.llama_memory_seq_cp,
         )
-        for compiled in (_chain, _dyspec):
+        for compiled in (_chain, _dyspec, _verify):
             compiled.bind(*(address(f) for f in functions))
         _BACKEND_READY = True
 

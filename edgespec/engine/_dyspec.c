@@ -287,7 +287,7 @@ static PyObject *result(const Tree *t)
 static PyObject *greedy_tree(PyObject *self, PyObject *args)
 {
     unsigned long long ctx, memory, batch_address;
-    Py_ssize_t n_batch, n_seq_max, budget, max_passes, k, vocab_limit, n_first;
+    Py_ssize_t n_batch, n_seq_max, budget, max_passes, k, vocab_limit, n_first = 0;
     int first_position, n_tagged;
     double temperature;
     PyObject *first_obj, *banned_obj;

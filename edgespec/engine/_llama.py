@@ -19,8 +19,8 @@ import llama_cpp as C
 import numpy as np
 
 from ..errors import EngineError
-from . import _chain, _dyspec
-from ._backend import _ensure_backend, address, amx_guard
+from ._backend import _ensure_backend, amx_guard
+from ._compiled import CompiledLoops, _decode_failure
 
 if TYPE_CHECKING:
     from ._lora import LoraAdapter
@@ -165,7 +165,7 @@ class ContextSettings:
     n_threads: int = 0  # 0 → all cores
 
 
-class Context:
+class Context(CompiledLoops):
     """A ``kv_unified`` llama context with one reusable batch.
 
     ``kv_unified`` is required: without it every sequence gets its own KV stream and a batch whose
@@ -249,69 +249,6 @@ class Context:
         self.decode_seconds += perf_counter() - start
         return rc
 
-    def greedy_chain(
-        self,
-        first_tokens: Sequence[int],
-        first_position: int,
-        first_seq_ids: Sequence[int],
-        chain_seq: int,
-        length: int,
-        p_min: float,
-        temperature: float,
-        vocab_limit: int,
-        banned: Sequence[int],
-    ) -> tuple[int, list[int], list[float]]:
-        """Draft a greedy chain in one compiled call (``engine/_chain.c``); returns the decodes made, the
-        chain's tokens and their full-softmax probabilities.
-
-        First ``first_tokens`` at ``first_position`` … in ``first_seq_ids`` (the root last: its row is
-        the first level's), then each level's top allowed id (not in ``banned``, ascending; below
-        ``vocab_limit``) is drafted and decoded into ``chain_seq`` at the next position — except the
-        ``length``-th, and one whose probability is below ``p_min``: drafting stops after either."""
-        return self._draft_in_c(
-            len(first_tokens), 1,
-            lambda ctx, batch: _chain.greedy_chain(
-                ctx, batch, self.settings.n_batch, self.settings.n_seq_max, first_tokens, first_position,
-                first_seq_ids, chain_seq, length, p_min, temperature, vocab_limit, banned,
-            ),
-        )  # fmt: skip
-
-    def greedy_tree(
-        self, first_tokens: Sequence[int], first_position: int, n_tagged: int, budget: int, max_passes: int,
-        k: int, temperature: float, vocab_limit: int, banned: Sequence[int],
-    ) -> tuple:  # fmt: skip
-        """Draft DySpec's greedy tree in one compiled call (``engine/_dyspec.c``; its ``result`` lists what
-        comes back after rc, decodes and seconds). First ``first_tokens`` at ``first_position`` … in
-        sequences 0 … ``n_tagged`` − 1 (the root last), then the tree's levels."""
-        return self._draft_in_c(
-            len(first_tokens), budget,
-            lambda ctx, batch: _dyspec.greedy_tree(
-                ctx, address(self.memory), batch, self.settings.n_batch, self.settings.n_seq_max,
-                first_tokens, first_position, n_tagged, budget, max_passes, k, temperature,
-                vocab_limit, banned,
-            ),
-        )  # fmt: skip
-
-    def _draft_in_c(self, n_first: int, n_later: int, call) -> tuple:
-        """Run a compiled drafting loop on this context: ``call(context address, batch address)`` returns
-        (rc, decodes, seconds, *drafted); its decode time is added here, a failure becomes an error (-2:
-        no logits row, -3: out of sequence ids, else llama_decode's code for the first batch of
-        ``n_first`` tokens or a later one of at most ``n_later``). Returns (decodes, *drafted)."""
-        if n_first > self.settings.n_batch:
-            raise EngineError(f"a batch of {n_first} tokens exceeds n_batch={self.settings.n_batch}")
-        with self._owner:
-            self._live()
-            rc, decodes, seconds, *drafted = call(address(self.ptr), ctypes.addressof(self._batch))
-        self.decode_seconds += seconds
-        if rc == -3:
-            n_seq = self.settings.n_seq_max
-            raise ValueError(f"the tree needs more than {n_seq} draft sequences (planner exceeded max_nodes)")
-        if rc == -2:
-            raise EngineError("llama.cpp returned no logits row for a drafted token (please report this)")
-        if rc != 0:
-            raise EngineError(_decode_failure(rc, n_first if decodes == 1 else n_later, self.n_ctx))
-        return decodes, *drafted
-
     def logits_rows(self, n_rows: int) -> np.ndarray:
         """Zero-copy, read-only (n_rows, V) view of the last decode's output rows, in batch order.
 
@@ -375,18 +312,3 @@ class Context:
             self._live()
             C.llama_memory_clear(self.memory, True)
 
-
-def _decode_failure(rc: int, n_tokens: int, n_ctx: int) -> str:
-    if rc == 1:
-        return (
-            f"no room in the KV cache for {n_tokens} more tokens (context {n_ctx}). Start a new chat, "
-            "raise --ctx, or use a smaller draft budget."
-        )
-    if rc == 2:
-        return "decoding was aborted."
-    if rc == -1:
-        return (
-            f"llama.cpp rejected a batch of {n_tokens} tokens as invalid (sequence ids or positions). "
-            "This is an edgespec bug: please report it with the command you ran."
-        )
-    return f"llama_decode failed with code {rc} (fatal backend error; set EDGESPEC_LLAMA_LOG=1 for details)."

@@ -51,7 +51,7 @@ static PyObject *bind(PyObject *self, PyObject *args)
 #define BIND_DOC "bind(llama_decode, llama_synchronize, llama_get_logits_ith, llama_memory_seq_cp addresses)"
 
 /* A sequence of ints as a malloc'd int32 array (*n its length); NULL with an error set on failure. */
-static int32_t *int32_array(PyObject *obj, const char *what, Py_ssize_t *n)
+static inline int32_t *int32_array(PyObject *obj, const char *what, Py_ssize_t *n)
 {
     PyObject *fast = PySequence_Fast(obj, what);
     if (!fast)
@@ -98,8 +98,8 @@ static int32_t timed_decode(void *ctx, const llama_batch *batch, double *seconds
 
 /* Put the first tokens of a drafting call in the batch: at first_position, first_position + 1, …, each in
  * every id of seq_ids, the last one's row asked for. */
-static void fill_first(llama_batch *batch, const int32_t *tokens, Py_ssize_t n, int32_t first_position,
-                       const int32_t *seq_ids, Py_ssize_t n_ids)
+static inline void fill_first(llama_batch *batch, const int32_t *tokens, Py_ssize_t n, int32_t first_position,
+                              const int32_t *seq_ids, Py_ssize_t n_ids)
 {
     for (Py_ssize_t i = 0; i < n; i++) {
         batch->token[i] = tokens[i];

@@ -21,6 +21,8 @@ class TreeLayout:
     seq_ids: tuple[tuple[int, ...], ...]  # per node: the leaf ids below it (its sequence ids)
     leaf_below: np.ndarray  # (n,) one leaf id below each node: the sequence kept when it is accepted
     n_leaves: int
+    seq_counts: np.ndarray  # (n,) int32: len(seq_ids[i]) — seq_ids flattened for the compiled verifier
+    seq_flat: np.ndarray  # int32: seq_ids[0], then seq_ids[1], …
 
 
 def tree_layout(parents: np.ndarray) -> TreeLayout:
@@ -48,4 +50,6 @@ def _layout_cached(parents: tuple[int, ...]) -> TreeLayout:
             if leaf_below[node] < 0:
                 leaf_below[node] = leaf_id
             node = parents[node]
-    return TreeLayout(depth, tuple(tuple(x) for x in ids), leaf_below, int(leaves.size))
+    counts = np.array([len(x) for x in ids], dtype=np.int32)
+    flat = np.array([s for x in ids for s in x], dtype=np.int32)
+    return TreeLayout(depth, tuple(tuple(x) for x in ids), leaf_below, int(leaves.size), counts, flat)

@@ -1,0 +1,126 @@
+"""The compiled loops on a llama context: the draft's greedy chain (``_chain.c``), DySpec's greedy tree
+(``_dyspec.c``) and the target's greedy verification (``_verify.c``), each one call with the GIL released
+and no Python between its decodes; their failures as ``EngineError`` with what to do.
+
+``CompiledLoops`` is a part of ``_llama.Context`` (its ``ptr``, ``memory``, batch, settings and lock).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..errors import EngineError
+from . import _chain, _dyspec, _verify
+from ._backend import address
+
+
+class CompiledLoops:
+    """``Context``'s calls into the compiled loops (mixed into ``_llama.Context``)."""
+
+    def greedy_chain(
+        self,
+        first_tokens: Sequence[int],
+        first_position: int,
+        first_seq_ids: Sequence[int],
+        chain_seq: int,
+        length: int,
+        p_min: float,
+        temperature: float,
+        vocab_limit: int,
+        banned: Sequence[int],
+    ) -> tuple[int, list[int], list[float]]:
+        """Draft a greedy chain in one compiled call (``engine/_chain.c``); returns the decodes made, the
+        chain's tokens and their full-softmax probabilities.
+
+        First ``first_tokens`` at ``first_position`` … in ``first_seq_ids`` (the root last: its row is
+        the first level's), then each level's top allowed id (not in ``banned``, ascending; below
+        ``vocab_limit``) is drafted and decoded into ``chain_seq`` at the next position — except the
+        ``length``-th, and one whose probability is below ``p_min``: drafting stops after either."""
+        return self._draft_in_c(
+            len(first_tokens), 1,
+            lambda ctx, batch: _chain.greedy_chain(
+                ctx, batch, self.settings.n_batch, self.settings.n_seq_max, first_tokens, first_position,
+                first_seq_ids, chain_seq, length, p_min, temperature, vocab_limit, banned,
+            ),
+        )  # fmt: skip
+
+    def greedy_tree(
+        self, first_tokens: Sequence[int], first_position: int, n_tagged: int, budget: int, max_passes: int,
+        k: int, temperature: float, vocab_limit: int, banned: Sequence[int],
+    ) -> tuple:  # fmt: skip
+        """Draft DySpec's greedy tree in one compiled call (``engine/_dyspec.c``; its ``result`` lists what
+        comes back after rc, decodes and seconds). First ``first_tokens`` at ``first_position`` … in
+        sequences 0 … ``n_tagged`` − 1 (the root last), then the tree's levels."""
+        return self._draft_in_c(
+            len(first_tokens), budget,
+            lambda ctx, batch: _dyspec.greedy_tree(
+                ctx, address(self.memory), batch, self.settings.n_batch, self.settings.n_seq_max,
+                first_tokens, first_position, n_tagged, budget, max_passes, k, temperature,
+                vocab_limit, banned,
+            ),
+        )  # fmt: skip
+
+    def greedy_verify(
+        self, tokens: np.ndarray, parents: np.ndarray, child_rule: np.ndarray, first_position: int,
+        seq_counts: np.ndarray, seq_ids: np.ndarray,
+    ) -> tuple[list[int], int, list[float]]:  # fmt: skip
+        """Decode a packed tree and walk it greedily in one compiled call (``engine/_verify.c``): node i
+        at ``first_position`` + its depth in its ``seq_counts[i]`` ids of ``seq_ids``, every row asked
+        for. Returns the accepted path (node indices, root first), the target's own next token, and its
+        top-1 − top-2 margin at each path node. The rows are not kept: ``logits_rows`` still has them."""
+        if tokens.shape[0] > self.settings.n_batch:
+            raise EngineError(f"a batch of {tokens.shape[0]} tokens exceeds n_batch={self.settings.n_batch}")
+        with self._owner:
+            self._live()
+            rc, seconds, path, next_token, margins = _verify.greedy_verify(
+                address(self.ptr), ctypes.addressof(self._batch), self.settings.n_batch,
+                self.settings.n_seq_max, self.n_vocab, tokens, parents, child_rule, first_position,
+                seq_counts, seq_ids,
+            )  # fmt: skip
+        self.decode_seconds += seconds
+        if rc == -4:
+            raise ValueError("greedy_verify walks no LONGEST node (mcsd-target-init verifies in Python)")
+        if rc == -2:
+            raise EngineError("llama.cpp returned no logits row for a verified node (please report this)")
+        if rc != 0:
+            raise EngineError(_decode_failure(rc, tokens.shape[0], self.n_ctx))
+        return path, next_token, margins
+
+    def _draft_in_c(self, n_first: int, n_later: int, call) -> tuple:
+        """Run a compiled drafting loop on this context: ``call(context address, batch address)`` returns
+        (rc, decodes, seconds, *drafted); its decode time is added here, a failure becomes an error (-2:
+        no logits row, -3: out of sequence ids, else llama_decode's code for the first batch of
+        ``n_first`` tokens or a later one of at most ``n_later``). Returns (decodes, *drafted)."""
+        if n_first > self.settings.n_batch:
+            raise EngineError(f"a batch of {n_first} tokens exceeds n_batch={self.settings.n_batch}")
+        with self._owner:
+            self._live()
+            rc, decodes, seconds, *drafted = call(address(self.ptr), ctypes.addressof(self._batch))
+        self.decode_seconds += seconds
+        if rc == -3:
+            n_seq = self.settings.n_seq_max
+            raise ValueError(f"the tree needs more than {n_seq} draft sequences (planner exceeded max_nodes)")
+        if rc == -2:
+            raise EngineError("llama.cpp returned no logits row for a drafted token (please report this)")
+        if rc != 0:
+            raise EngineError(_decode_failure(rc, n_first if decodes == 1 else n_later, self.n_ctx))
+        return decodes, *drafted
+
+
+def _decode_failure(rc: int, n_tokens: int, n_ctx: int) -> str:
+    if rc == 1:
+        return (
+            f"no room in the KV cache for {n_tokens} more tokens (context {n_ctx}). Start a new chat, "
+            "raise --ctx, or use a smaller draft budget."
+        )
+    if rc == 2:
+        return "decoding was aborted."
+    if rc == -1:
+        return (
+            f"llama.cpp rejected a batch of {n_tokens} tokens as invalid (sequence ids or positions). "
+            "This is an edgespec bug: please report it with the command you ran."
+        )
+    return f"llama_decode failed with code {rc} (fatal backend error; set EDGESPEC_LLAMA_LOG=1 for details)."
