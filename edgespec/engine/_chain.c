@@ -133,16 +133,8 @@ static PyObject *greedy_chain(PyObject *self, PyObject *args)
         PyErr_NoMemory();
         goto out;
     }
-    PyObject *tokens = PyList_New(c.drafted), *probs = PyList_New(c.drafted);
-    if (tokens && probs)
-        for (Py_ssize_t i = 0; i < c.drafted; i++) {
-            PyList_SET_ITEM(tokens, i, PyLong_FromLong(c.tokens[i]));
-            PyList_SET_ITEM(probs, i, PyFloat_FromDouble(c.probs[i]));
-        }
-    if (tokens && probs && !PyErr_Occurred())
-        result = Py_BuildValue("(indOO)", c.rc, c.decodes, c.seconds, tokens, probs);
-    Py_XDECREF(tokens);
-    Py_XDECREF(probs);
+    result = Py_BuildValue("(indNN)", c.rc, c.decodes, c.seconds, int32_list(c.tokens, c.drafted),
+                           double_list(c.probs, c.drafted));
 out:
     free(first);
     free(ids);

@@ -235,14 +235,6 @@ static void grow(Tree *t, Slot *heap, Slot *best, int32_t *batch_nodes)
     }
 }
 
-static PyObject *int32_list(const int32_t *values, Py_ssize_t n)
-{
-    PyObject *list = PyList_New(n);
-    for (Py_ssize_t i = 0; list && i < n; i++)
-        PyList_SET_ITEM(list, i, PyLong_FromLong(values[i]));
-    return list;
-}
-
 /* The result: (rc, decodes, seconds, parents, tokens, probs, evaluated, seqs, ids, top_probs, found,
  * taken, n_used, n_tagged) — nodes 1 … size − 1; per evaluation its node, sequence (-1: the root) and
  * top-k (ids and probabilities as bytes, k per row, `found` of them valid); the nodes whose sequence a
@@ -250,9 +242,7 @@ static PyObject *int32_list(const int32_t *values, Py_ssize_t n)
 static PyObject *result(const Tree *t)
 {
     Py_ssize_t n = t->size - 1, e = t->n_evaluated;
-    PyObject *probs = PyList_New(n), *seqs = PyList_New(e), *found = PyList_New(e), *taken = PyList_New(0);
-    for (Py_ssize_t i = 0; probs && i < n; i++)
-        PyList_SET_ITEM(probs, i, PyFloat_FromDouble(t->prob[i + 1]));
+    PyObject *seqs = PyList_New(e), *found = PyList_New(e), *taken = PyList_New(0);
     for (Py_ssize_t i = 0; seqs && found && i < e; i++) {
         PyList_SET_ITEM(seqs, i, PyLong_FromLong(t->seq[t->evaluated[i]]));
         PyList_SET_ITEM(found, i, PyLong_FromSsize_t(t->found[i]));
@@ -265,12 +255,11 @@ static PyObject *result(const Tree *t)
             Py_XDECREF(value);
         }
     PyObject *out = NULL;
-    if (probs && seqs && found && taken && !PyErr_Occurred())
-        out = Py_BuildValue("(indNNONOy#y#OOii)", t->rc, t->decodes, t->seconds, int32_list(t->parent + 1, n),
-                            int32_list(t->token + 1, n), probs, int32_list(t->evaluated, e), seqs,
-                            (const char *)t->ids, (Py_ssize_t)(e * t->k * sizeof *t->ids), (const char *)t->probs,
-                            (Py_ssize_t)(e * t->k * sizeof *t->probs), found, taken, t->n_used, t->n_tagged);
-    Py_XDECREF(probs);
+    if (seqs && found && taken && !PyErr_Occurred())
+        out = Py_BuildValue("(indNNNNOy#y#OOii)", t->rc, t->decodes, t->seconds, int32_list(t->parent + 1, n),
+                            int32_list(t->token + 1, n), double_list(t->prob + 1, n), int32_list(t->evaluated, e),
+                            seqs, (const char *)t->ids, (Py_ssize_t)(e * t->k * sizeof *t->ids),
+                            (const char *)t->probs, (Py_ssize_t)(e * t->k * sizeof *t->probs), found, taken, t->n_used, t->n_tagged);
     Py_XDECREF(seqs);
     Py_XDECREF(found);
     Py_XDECREF(taken);

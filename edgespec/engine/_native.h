@@ -78,6 +78,33 @@ static inline int32_t *int32_array(PyObject *obj, const char *what, Py_ssize_t *
     return out;
 }
 
+/* Lists of n ints and of n floats for a call's result (NULL with an error set on failure). */
+static inline PyObject *int32_list(const int32_t *values, Py_ssize_t n)
+{
+    PyObject *list = PyList_New(n);
+    for (Py_ssize_t i = 0; list && i < n; i++) {
+        PyObject *value = PyLong_FromLong(values[i]);
+        if (!value)
+            Py_CLEAR(list);
+        else
+            PyList_SET_ITEM(list, i, value);
+    }
+    return list;
+}
+
+static inline PyObject *double_list(const double *values, Py_ssize_t n)
+{
+    PyObject *list = PyList_New(n);
+    for (Py_ssize_t i = 0; list && i < n; i++) {
+        PyObject *value = PyFloat_FromDouble(values[i]);
+        if (!value)
+            Py_CLEAR(list);
+        else
+            PyList_SET_ITEM(list, i, value);
+    }
+    return list;
+}
+
 static double seconds_now(void)
 {
     struct timespec t;

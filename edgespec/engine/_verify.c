@@ -178,16 +178,8 @@ static PyObject *greedy_verify(PyObject *self, PyObject *args)
         PyErr_NoMemory();
         goto out;
     }
-    PyObject *path = PyList_New(w.path_length), *margins = PyList_New(w.path_length);
-    if (path && margins)
-        for (Py_ssize_t i = 0; i < w.path_length; i++) {
-            PyList_SET_ITEM(path, i, PyLong_FromLong(w.path[i]));
-            PyList_SET_ITEM(margins, i, PyFloat_FromDouble(w.margins[i]));
-        }
-    if (path && margins && !PyErr_Occurred())
-        result = Py_BuildValue("(idOiO)", w.rc, w.seconds, path, (int)w.next_token, margins);
-    Py_XDECREF(path);
-    Py_XDECREF(margins);
+    result = Py_BuildValue("(idNiN)", w.rc, w.seconds, int32_list(w.path, w.path_length), (int)w.next_token,
+                           double_list(w.margins, w.path_length));
 out:
     while (acquired > 0)
         PyBuffer_Release(&views[--acquired]);
