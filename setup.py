@@ -4,6 +4,7 @@
 - ``edgespec.engine._chain``: the draft's greedy chain, decoded level after level in one call (the same
   kernels; llama.cpp's functions are bound at run time from llama-cpp-python's library, not linked).
 - ``edgespec.engine._dyspec``: DySpec's greedy tree (Algorithm 1) drafted in one call, the same way.
+- ``edgespec.engine._opt_tree``: OPT-Tree's levels (Algorithm 1) drafted in one call, the same way.
 - ``edgespec.engine._verify``: the target's greedy verification of a tree (pack, decode, walk) in one call.
 
 -fno-trapping-math lets the compiler vectorise the clamps; -Wno-psabi quiets a note on the vector
@@ -16,6 +17,7 @@ from setuptools import Extension, setup
 FLAGS = ["-O3", "-fno-trapping-math", "-fno-math-errno", "-Wno-psabi"]
 KERNELS = ["edgespec/decoding/_row_kernels.h"]
 NATIVE = [*KERNELS, "edgespec/engine/_native.h"]
+TREES = [*NATIVE, "edgespec/engine/_tree_draft.h"]
 
 ROWS = Extension(
     "edgespec.decoding._rows", ["edgespec/decoding/_rows.c"], depends=KERNELS, extra_compile_args=FLAGS
@@ -24,10 +26,13 @@ CHAIN = Extension(
     "edgespec.engine._chain", ["edgespec/engine/_chain.c"], depends=NATIVE, extra_compile_args=FLAGS
 )
 DYSPEC = Extension(
-    "edgespec.engine._dyspec", ["edgespec/engine/_dyspec.c"], depends=NATIVE, extra_compile_args=FLAGS
+    "edgespec.engine._dyspec", ["edgespec/engine/_dyspec.c"], depends=TREES, extra_compile_args=FLAGS
+)
+OPT_TREE = Extension(
+    "edgespec.engine._opt_tree", ["edgespec/engine/_opt_tree.c"], depends=TREES, extra_compile_args=FLAGS
 )
 VERIFY = Extension(
     "edgespec.engine._verify", ["edgespec/engine/_verify.c"], depends=NATIVE, extra_compile_args=FLAGS
 )
 
-setup(ext_modules=[ROWS, CHAIN, DYSPEC, VERIFY])
+setup(ext_modules=[ROWS, CHAIN, DYSPEC, OPT_TREE, VERIFY])

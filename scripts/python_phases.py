@@ -16,7 +16,7 @@ from time import perf_counter
 
 from edgespec.decoding import decoder
 from edgespec.decoding.chat import ChatSettings, Message, prompt_tokens
-from edgespec.engine import _llama, runners
+from edgespec.engine import _llama, draft, runners
 from edgespec.engine.pair import EngineSettings
 from edgespec.models.pairs import open_pair, resolve_pair
 from edgespec.strategy import StrategyChoice, make_planner
@@ -60,11 +60,11 @@ for owner, name, label in [
     (_llama.Context, "_fill_and_decode", "batch fill"),
     (_llama.Context, "seq_cp", "seq_cp"),
     (_llama.Context, "seq_rm", "seq_rm"),
-    (runners, "draft_dists", "draft top-k + normaliser"),
-    (runners.Draft, "expand", "Draft.expand"),
+    (draft, "draft_dists", "draft top-k + normaliser"),
+    (draft.Draft, "expand", "Draft.expand"),
     (runners.Target, "verify", "Target.verify (pack)"),
     (runners.Target, "commit", "Target.commit"),
-    (runners.Draft, "commit", "Draft.commit"),
+    (draft.Draft, "commit", "Draft.commit"),
     (decoder, "decide", "decide (verification rule)"),
     (decoder, "provenance", "provenance (+ margins)"),
     (decoder, "plan", "planner"),
@@ -73,6 +73,7 @@ for owner, name, label in [
     timed(owner, name, label)
 timed(_llama.Context, "greedy_chain", "compiled chain (its decodes out)", decodes_in_c=True)
 timed(_llama.Context, "greedy_tree", "compiled DySpec tree (its decodes out)", decodes_in_c=True)
+timed(_llama.Context, "opt_tree", "compiled OPT-Tree levels (their decodes out)", decodes_in_c=True)
 timed(_llama.Context, "greedy_verify", "compiled verify (its decode out)", decodes_in_c=True)
 timed(runners.Target, "verify_greedy", "Target.verify_greedy (pack)")
 

@@ -156,8 +156,31 @@ class FakeContext:
     ) -> tuple:
         """The compiled DySpec tree's contract (``Context.greedy_tree``, engine/_dyspec.c): the reference,
         ``dyspec_by_levels``, through a level-by-level Draft over this context, in the C call's shape."""
-        from edgespec.engine.runners import Draft
         from edgespec.planner.dyspec import dyspec_by_levels
+
+        def grow(draft, tree):
+            return dyspec_by_levels(draft, tree, budget, max_passes)[0]
+
+        return self._tree_by_levels(
+            first_tokens, first_position, n_tagged, k, temp, vocab_limit, banned, grow
+        )
+
+    def opt_tree(self, first_tokens, first_position, n_tagged, levels, k, temp, vocab_limit, banned) -> tuple:
+        """The compiled OPT-Tree levels' contract (``Context.opt_tree``, engine/_opt_tree.c): the reference,
+        ``opt_tree_by_levels``, through a level-by-level Draft over this context, in the C call's shape."""
+        from edgespec.planner.opt_tree import opt_tree_by_levels
+
+        def grow(draft, tree):
+            return len(opt_tree_by_levels(draft, tree, levels))
+
+        return self._tree_by_levels(
+            first_tokens, first_position, n_tagged, k, temp, vocab_limit, banned, grow
+        )
+
+    def _tree_by_levels(self, first_tokens, first_position, n_tagged, k, temp, vocab_limit, banned, grow):
+        """``grow(draft, tree)`` (returns its decodes) through a Draft over this context, from a root whose
+        draft has ``first_tokens`` to catch up on; the result as the compiled trees return it."""
+        from edgespec.engine.draft import Draft
         from edgespec.planner.tree import TreeBuilder
 
         draft = Draft(self, top_k=k, vocab_limit=vocab_limit)
@@ -167,7 +190,7 @@ class FakeContext:
         draft.pending = list(first_tokens)
         draft.begin_step(temp)
         tree = TreeBuilder(first_tokens[-1])
-        decodes, _ = dyspec_by_levels(draft, tree, budget, max_passes)
+        decodes = grow(draft, tree)
         evaluated = list(tree.dists)  # in evaluation order
         ids = np.zeros((len(evaluated), k), dtype=np.int32)
         probs = np.zeros((len(evaluated), k), dtype=np.float64)
@@ -236,8 +259,9 @@ class FakePair:
     """The ModelPair shape over fake contexts."""
 
     def __init__(self, n_seq: int = 65, n_ctx: int = 4096, draft_noise: float = 1.0, top_k: int = 8):
+        from edgespec.engine.draft import Draft
         from edgespec.engine.pair import EngineSettings
-        from edgespec.engine.runners import Draft, Target
+        from edgespec.engine.runners import Target
 
         settings = ContextSettings(n_ctx=n_ctx, n_batch=512, n_seq_max=n_seq)
         self.target = Target(FakeContext(FakeModel(), settings, rng_seed=1))

@@ -13,7 +13,7 @@ import pytest
 
 from edgespec.decoding.chat import ChatSettings, Message, prompt_tokens
 from edgespec.decoding.decoder import Request, generate
-from edgespec.decoding.sampling import target_probs
+from edgespec.decoding.sampling import SamplingParams, target_probs
 from edgespec.measure.prompts import ENGINE_PROMPTS
 from edgespec.planner.tree import ChildRule, chain_tree
 
@@ -132,14 +132,16 @@ def first_divergence(tokens, plain_tokens, plain_margins, noise: float, label: s
     return index
 
 
-def compiled_and_by_levels(pair, make_planner, prompt: list[int], method: str, reference) -> list[tuple]:
-    """Whole generations (40 tokens) with the engine's compiled ``Draft.<method>`` and again with
-    ``reference`` (the level-by-level path through ``expand``) in its place; asserts that every step's
-    tokens, provenances, margins, tree size, decodes, accepted count and E[A] are equal, and that the
-    draft cache holds as many cells. Returns the steps (the compiled run's)."""
+def compiled_and_by_levels(
+    pair, make_planner, prompt: list[int], method: str, reference, sampling: SamplingParams = SamplingParams()
+) -> list[tuple]:
+    """Whole generations (40 tokens; greedy unless ``sampling`` says) with the engine's compiled
+    ``Draft.<method>`` and again with ``reference`` (the level-by-level path through ``expand``) in its
+    place; asserts that every step's tokens, provenances, margins, tree size, decodes, accepted count and
+    E[A] are equal, and that the draft cache holds as many cells. Returns the steps (the compiled run's)."""
 
     def steps():
-        events = generate(pair, make_planner(), Request(prompt=prompt, max_tokens=40))
+        events = generate(pair, make_planner(), Request(prompt=prompt, max_tokens=40, sampling=sampling))
         return [
             (
                 [(t.id, t.provenance, t.margin) for t in e.tokens],

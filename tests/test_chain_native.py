@@ -11,7 +11,8 @@ import llama_cpp
 import pytest
 from realmodels import chat_prompt, compiled_and_by_levels
 
-from edgespec.engine import _chain, runners
+from edgespec.engine import _chain
+from edgespec.engine.draft import Draft
 from edgespec.measure.prompts import ENGINE_PROMPTS
 from edgespec.planner.chain import ChainPlanner
 from edgespec.planner.tree import TreeBuilder, greedy_chain_by_levels
@@ -53,7 +54,7 @@ def test_compiled_chain_equals_drafting_level_by_level(pair, gamma, p_min):
 def test_one_chain_has_the_levels_tokens_probabilities_and_cache(pair):
     prompt = chat_prompt(pair, ENGINE_PROMPTS[0])
     trees, cells = [], []
-    for draft_chain in (runners.Draft.greedy_chain, greedy_chain_by_levels):
+    for draft_chain in (Draft.greedy_chain, greedy_chain_by_levels):
         draft = pair.draft
         draft.sync(prompt)
         draft.begin_step(0.0)

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from realmodels import chat_prompt, compiled_and_by_levels
 
-from edgespec.engine import _dyspec, runners
+from edgespec.engine import _dyspec
+from edgespec.engine.draft import Draft
 from edgespec.measure.prompts import ENGINE_PROMPTS
 from edgespec.planner.dyspec import DySpecPlanner, dyspec_by_levels
 from edgespec.planner.tree import TreeBuilder
@@ -52,7 +53,7 @@ def test_compiled_dyspec_equals_drafting_level_by_level(pair, budget, max_passes
 def test_one_tree_has_the_levels_nodes_distributions_and_cache(pair):
     prompt = chat_prompt(pair, ENGINE_PROMPTS[0])
     trees, dists, states = [], [], []
-    for grow in (runners.Draft.greedy_dyspec, _by_levels):
+    for grow in (Draft.greedy_dyspec, _by_levels):
         draft = pair.draft
         draft.sync(prompt)
         draft.begin_step(0.0)

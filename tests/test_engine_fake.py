@@ -261,7 +261,7 @@ def test_hybrid_skips_the_draft_where_copies_cover_the_next_token():
 def test_the_draft_never_proposes_or_reads_past_its_own_vocabulary():
     """A target with a larger vocabulary (Qwen2.5 7B: 152,064 ids; its 0.5B draft: 151,936) sets the
     draft's vocab_limit: the compiled loops read vocab_limit logits per row, so it stays ≤ the draft's."""
-    from edgespec.engine.runners import Draft
+    from edgespec.engine.draft import Draft
 
     pair = FakePair()
     wide = Draft(pair.draft.ctx, vocab_limit=pair.draft.ctx.n_vocab + 128)

@@ -14,7 +14,7 @@ from edgespec.errors import EdgespecError
 from edgespec.options import add_parameter_flags, parameters_from_args
 from edgespec.planner.dyspec import DySpecPlanner, draw_order
 from edgespec.planner.gsd import GSDPlanner, unmerge
-from edgespec.planner.opt_tree import OptTreePlanner, top_nodes
+from edgespec.planner.opt_tree import OptTreePlanner, top_nodes, worth_drafting
 from edgespec.planner.strategies import (
     PARAM_NAMES,
     STRATEGY_NAMES,
@@ -420,9 +420,11 @@ def test_opt_tree_paying_layer_maximises_value_minus_cost():
     for token, q in enumerate([0.5, 0.3, 0.12, 0.05, 0.03]):
         tree.add(0, token, q)
     # level cost / t = 0.05 + 0.1 m; Σ p̂ − cost: 0.35, 0.55, 0.57, 0.52, 0.45 → m = 3
-    assert planner._worth_drafting(tree, [5, 1, 4, 2, 3], planner._level_costs(8)) == [1, 2, 3]
-    assert OptTreePlanner(budget=8, layers="all")._level_costs(8) is None
-    assert planner._worth_drafting(tree, [5, 1], None) == [5, 1]
+    levels = planner.levels(8, 64)
+    assert levels.threshold == levels.level_cost  # δ is the next level's cost in target steps
+    assert worth_drafting(tree, [5, 1, 4, 2, 3], levels.level_cost) == [1, 2, 3]
+    assert OptTreePlanner(budget=8, layers="all").levels(8, 64).level_cost is None
+    assert worth_drafting(tree, [5, 1], None) == [5, 1]
 
 
 def test_opt_tree_sizes_the_final_tree_by_the_cost_curves():

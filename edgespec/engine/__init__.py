@@ -2,9 +2,10 @@
 
 from ._backend import backend_versions, compiled_features, supports_gpu_offload, system_info
 from ._llama import ContextSettings, Model
+from .draft import Draft
 from .pair import EngineSettings, ModelPair, check_pairing
 from .parallel import DEFAULT_K, DEFAULT_MASK_IDS, ParallelDrafter, read_adapter
-from .runners import Draft, Target
+from .runners import Target
 
 __all__ = [
     "DEFAULT_K",

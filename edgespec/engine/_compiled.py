@@ -1,6 +1,7 @@
 """The compiled loops on a llama context: the draft's greedy chain (``_chain.c``), DySpec's greedy tree
-(``_dyspec.c``) and the target's greedy verification (``_verify.c``), each one call with the GIL released
-and no Python between its decodes; their failures as ``EngineError`` with what to do.
+(``_dyspec.c``), OPT-Tree's levels (``_opt_tree.c``) and the target's greedy verification (``_verify.c``),
+each one call with the GIL released and no Python between its decodes; their failures as ``EngineError``
+with what to do.
 
 ``CompiledLoops`` is a part of ``_llama.Context`` (its ``ptr``, ``memory``, batch, settings and lock).
 """
@@ -9,12 +10,16 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import EngineError
-from . import _chain, _dyspec, _verify
+from . import _chain, _dyspec, _opt_tree, _verify
 from ._backend import address
+
+if TYPE_CHECKING:
+    from ..planner.opt_tree import OptTreeLevels
 
 
 class CompiledLoops:
@@ -63,6 +68,22 @@ class CompiledLoops:
             ),
         )  # fmt: skip
 
+    def opt_tree(
+        self, first_tokens: Sequence[int], first_position: int, n_tagged: int, levels: OptTreeLevels, k: int,
+        temperature: float, vocab_limit: int, banned: Sequence[int],
+    ) -> tuple:  # fmt: skip
+        """Draft OPT-Tree's levels in one compiled call (``engine/_opt_tree.c``; the same result as
+        ``greedy_tree``). First ``first_tokens`` at ``first_position`` … in sequences 0 … ``n_tagged`` − 1
+        (the root last), then a level per decode as ``levels`` says."""
+        return self._draft_in_c(
+            len(first_tokens), levels.n,
+            lambda ctx, batch: _opt_tree.opt_tree(
+                ctx, address(self.memory), batch, self.settings.n_batch, self.settings.n_seq_max,
+                first_tokens, first_position, n_tagged, levels.n, levels.capacity, levels.max_depth,
+                levels.threshold, levels.level_cost or (), k, temperature, vocab_limit, banned,
+            ),
+        )  # fmt: skip
+
     def greedy_verify(
         self, tokens: np.ndarray, parents: np.ndarray, child_rule: np.ndarray, first_position: int,
         seq_counts: np.ndarray, seq_ids: np.ndarray,
@@ -93,7 +114,8 @@ class CompiledLoops:
         """Run a compiled drafting loop on this context: ``call(context address, batch address)`` returns
         (rc, decodes, seconds, *drafted); its decode time is added here, a failure becomes an error (-2:
         no logits row, -3: out of sequence ids, else llama_decode's code for the first batch of
-        ``n_first`` tokens or a later one of at most ``n_later``). Returns (decodes, *drafted)."""
+        ``n_first`` tokens or a later one of at most ``n_later``; -5: a tree larger than its call allowed).
+        Returns (decodes, *drafted)."""
         if n_first > self.settings.n_batch:
             raise EngineError(f"a batch of {n_first} tokens exceeds n_batch={self.settings.n_batch}")
         with self._owner:
@@ -103,6 +125,8 @@ class CompiledLoops:
         if rc == -3:
             n_seq = self.settings.n_seq_max
             raise ValueError(f"the tree needs more than {n_seq} draft sequences (planner exceeded max_nodes)")
+        if rc == -5:
+            raise ValueError("the compiled tree outgrew the room it was sized for (please report this)")
         if rc == -2:
             raise EngineError("llama.cpp returned no logits row for a drafted token (please report this)")
         if rc != 0:

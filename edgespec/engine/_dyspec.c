@@ -22,6 +22,7 @@
 
 #include "../decoding/_row_kernels.h"
 #include "_native.h"
+#include "_tree_draft.h"
 
 typedef struct {
     double v;      /* the value of the next draw at node */
@@ -71,140 +72,21 @@ static void heap_pop(Slot *heap, Py_ssize_t *n)
         heap[at] = last;
 }
 
-/* rc values besides llama_decode's own codes */
-#define OUT_OF_MEMORY -1
-#define NO_ROW -2
-#define NO_SEQUENCE -3 /* the tree needs more sequence ids than the context has */
-
-typedef struct {
-    void *ctx, *memory;
-    llama_batch *batch;
-    Py_ssize_t n_seq_max, budget, max_passes, k, vocab_limit, n_banned;
-    double temperature;
-    const int32_t *banned;
-    /* the tree, node 0 the root; per node: its evaluation (-1: none), its sequence (-2: not decoded,
-     * -1: the committed root) and whether a child already continues that sequence */
-    Py_ssize_t size;
-    int32_t *token, *parent, *depth, *row, *seq;
-    double *prob;
-    int8_t *taken;
-    /* per evaluation, in order: the node, its top-k (found of them, `live` positive), the mass left
-     * before each draw, the draws made */
-    Py_ssize_t n_evaluated;
-    int32_t *evaluated, *ids;
-    double *probs, *left;
-    Py_ssize_t *found, *live, *drawn;
-    int32_t root_pos, n_used, n_tagged;
-    Py_ssize_t decodes;
-    double seconds;
-    int rc;
-    float *block_max, *pool_heap; /* row_top_k's scratch */
-} Tree;
-
-/* The draft's top-k of `row` as node's evaluation, with the mass left before each draw. */
-static int reduce_row(Tree *t, int32_t node, const float *row)
-{
-    Py_ssize_t e = t->n_evaluated, k = t->k;
-    int32_t *ids = t->ids + e * k;
-    double *p = t->probs + e * k, *left = t->left + e * k;
-    Py_ssize_t found = row_top_k(row, t->vocab_limit, k, t->temperature, t->banned, t->n_banned, t->block_max,
-                                 t->pool_heap, ids, p);
-    if (found < 0)
-        return OUT_OF_MEMORY;
-    Py_ssize_t live = 0; /* the probabilities are descending: the positive ones come first */
-    while (live < found && p[live] > 0.0)
-        live++;
-    double mass = 0.0;
-    for (Py_ssize_t i = live - 1; i >= 0; i--) {
-        mass += p[i];
-        left[i] = mass;
-    }
-    t->evaluated[e] = node;
-    t->found[e] = found;
-    t->live[e] = live;
-    t->drawn[e] = 0;
-    t->row[node] = (int32_t)e;
-    t->n_evaluated++;
-    return 0;
-}
-
-/* One draft decode of `nodes` (ascending), each in a sequence that sees its path (Draft._decode_level):
- * the first child of a decoded node continues its sequence; any other node takes a fresh id, the
- * committed prefix tagged with it first (once per id, ever), and its parent's path copied into it. The
- * root (the first evaluation) is already in the batch with the tokens the draft has to catch up on. */
-static int evaluate(Tree *t, const int32_t *nodes, Py_ssize_t n)
-{
-    llama_batch *batch = t->batch;
-    int root = n == 1 && nodes[0] == 0;
-    for (Py_ssize_t i = 0; i < n && !root; i++) {
-        int32_t node = nodes[i], parent = t->parent[node], parent_seq = t->seq[parent], s;
-        if (parent_seq >= 0 && !t->taken[parent]) {
-            s = parent_seq;
-            t->taken[parent] = 1;
-        } else {
-            s = t->n_used;
-            if (s >= t->n_seq_max)
-                return NO_SEQUENCE;
-            for (int32_t id = t->n_tagged; id <= s; id++)
-                llama_memory_seq_cp(t->memory, 0, id, 0, t->root_pos + 1);
-            t->n_tagged = t->n_tagged > s + 1 ? t->n_tagged : s + 1;
-            t->n_used++;
-            if (parent_seq >= 0)
-                llama_memory_seq_cp(t->memory, parent_seq, s, t->root_pos + 1, t->root_pos + t->depth[parent] + 1);
-        }
-        t->seq[node] = s;
-        batch->token[i] = t->token[node];
-        batch->pos[i] = t->root_pos + t->depth[node];
-        batch->n_seq_id[i] = 1;
-        batch->seq_id[i][0] = s;
-        batch->logits[i] = 1;
-    }
-    if (!root)
-        batch->n_tokens = (int32_t)n;
-    int rc = timed_decode(t->ctx, batch, &t->seconds);
-    t->decodes++;
-    if (rc != 0)
-        return rc;
-    if (root)
-        t->seq[0] = -1;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        const float *row = llama_get_logits_ith(t->ctx, root ? -1 : (int32_t)i);
-        if (!row)
-            return NO_ROW;
-        if (reduce_row(t, nodes[i], row))
-            return OUT_OF_MEMORY;
-    }
-    return 0;
-}
-
-static int32_t add_node(Tree *t, int32_t parent, int32_t token, double prob)
-{
-    int32_t node = (int32_t)t->size++;
-    t->token[node] = token;
-    t->parent[node] = parent;
-    t->depth[node] = t->depth[parent] + 1;
-    t->prob[node] = prob;
-    t->row[node] = -1;
-    t->seq[node] = -2;
-    t->taken[node] = 0;
-    return node;
-}
-
 /* Algorithm 1 (planner/dyspec.py, the module docstring and dyspec_by_levels), GIL released. */
-static void grow(Tree *t, Slot *heap, Slot *best, int32_t *batch_nodes)
+static void grow(Tree *t, Py_ssize_t budget, Py_ssize_t max_passes, Slot *heap, Slot *best, int32_t *batch_nodes)
 {
     Py_ssize_t n_heap = 0, k = t->k;
     int64_t pushes = 1;
     heap_push(heap, &n_heap, (Slot){1.0, 0, 0});
-    while (n_heap && t->size - 1 < t->budget) {
+    while (n_heap && t->size - 1 < budget) {
         Slot top = heap[0];
         if (t->row[top.node] < 0) {
-            if (t->max_passes && t->decodes >= t->max_passes) { /* no pass left: no children for it */
+            if (max_passes && t->decodes >= max_passes) { /* no pass left: no children for it */
                 heap_pop(heap, &n_heap);
                 continue;
             }
             /* draft every pending node among the best `room` slots (the rest can never be popped) */
-            Py_ssize_t room = t->budget - (t->size - 1), n = 0;
+            Py_ssize_t room = budget - (t->size - 1), n = 0;
             memcpy(best, heap, n_heap * sizeof *heap);
             qsort(best, n_heap, sizeof *best, by_priority);
             for (Py_ssize_t i = 0; i < room && i < n_heap; i++) {
@@ -227,6 +109,10 @@ static void grow(Tree *t, Slot *heap, Slot *best, int32_t *batch_nodes)
         Py_ssize_t i = t->drawn[e]++;
         double r_y = t->probs[e * k + i] / t->left[e * k + i]; /* R[y]: y's share of what is left */
         int32_t child = add_node(t, top.node, t->ids[e * k + i], t->probs[e * k + i]);
+        if (child < 0) {
+            t->rc = TREE_FULL;
+            return;
+        }
         double v_child = top.v * r_y, v_next = top.v * (1.0 - r_y);
         if (t->drawn[e] < t->live[e] && v_next > 0.0)
             heap_push(heap, &n_heap, (Slot){v_next, pushes++, top.node});
@@ -235,39 +121,8 @@ static void grow(Tree *t, Slot *heap, Slot *best, int32_t *batch_nodes)
     }
 }
 
-/* The result: (rc, decodes, seconds, parents, tokens, probs, evaluated, seqs, ids, top_probs, found,
- * taken, n_used, n_tagged) — nodes 1 … size − 1; per evaluation its node, sequence (-1: the root) and
- * top-k (ids and probabilities as bytes, k per row, `found` of them valid); the nodes whose sequence a
- * child continued; the fresh sequence ids used and the ids the committed prefix carries now. */
-static PyObject *result(const Tree *t)
-{
-    Py_ssize_t n = t->size - 1, e = t->n_evaluated;
-    PyObject *seqs = PyList_New(e), *found = PyList_New(e), *taken = PyList_New(0);
-    for (Py_ssize_t i = 0; seqs && found && i < e; i++) {
-        PyList_SET_ITEM(seqs, i, PyLong_FromLong(t->seq[t->evaluated[i]]));
-        PyList_SET_ITEM(found, i, PyLong_FromSsize_t(t->found[i]));
-    }
-    for (Py_ssize_t node = 0; taken && node < t->size; node++)
-        if (t->taken[node]) {
-            PyObject *value = PyLong_FromSsize_t(node);
-            if (!value || PyList_Append(taken, value) < 0)
-                Py_CLEAR(taken);
-            Py_XDECREF(value);
-        }
-    PyObject *out = NULL;
-    if (seqs && found && taken && !PyErr_Occurred())
-        out = Py_BuildValue("(indNNNNOy#y#OOii)", t->rc, t->decodes, t->seconds, int32_list(t->parent + 1, n),
-                            int32_list(t->token + 1, n), double_list(t->prob + 1, n), int32_list(t->evaluated, e),
-                            seqs, (const char *)t->ids, (Py_ssize_t)(e * t->k * sizeof *t->ids),
-                            (const char *)t->probs, (Py_ssize_t)(e * t->k * sizeof *t->probs), found, taken, t->n_used, t->n_tagged);
-    Py_XDECREF(seqs);
-    Py_XDECREF(found);
-    Py_XDECREF(taken);
-    return out;
-}
-
 /* greedy_tree(ctx, memory, batch, n_batch, n_seq_max, first_tokens, first_position, n_tagged, budget,
- *             max_passes, k, temperature, vocab_limit, banned) -> see result()
+ *             max_passes, k, temperature, vocab_limit, banned) -> see tree_result() in _tree_draft.h
  *
  * The first decode holds first_tokens (the catch-up, the root last) at first_position … in sequences
  * 0 … n_tagged − 1; the root is at the last of those positions. k: candidates per row (≤ vocab_limit);
@@ -275,12 +130,12 @@ static PyObject *result(const Tree *t)
  * sequence ids; the tree holds what was built before. */
 static PyObject *greedy_tree(PyObject *self, PyObject *args)
 {
-    unsigned long long ctx, memory, batch_address;
-    Py_ssize_t n_batch, n_seq_max, budget, max_passes, k, vocab_limit, n_first = 0;
+    unsigned long long ctx, memory, batch;
+    Py_ssize_t n_batch, n_seq_max, budget, max_passes, k, vocab_limit;
     int first_position, n_tagged;
     double temperature;
     PyObject *first_obj, *banned_obj;
-    if (!PyArg_ParseTuple(args, "KKKnnOiinnndnO", &ctx, &memory, &batch_address, &n_batch, &n_seq_max, &first_obj,
+    if (!PyArg_ParseTuple(args, "KKKnnOiinnndnO", &ctx, &memory, &batch, &n_batch, &n_seq_max, &first_obj,
                           &first_position, &n_tagged, &budget, &max_passes, &k, &temperature, &vocab_limit,
                           &banned_obj))
         return NULL;
@@ -291,65 +146,23 @@ static PyObject *greedy_tree(PyObject *self, PyObject *args)
         return NULL;
     }
     Tree t = {.ctx = (void *)(uintptr_t)ctx, .memory = (void *)(uintptr_t)memory,
-              .batch = (llama_batch *)(uintptr_t)batch_address, .n_seq_max = n_seq_max, .budget = budget,
-              .max_passes = max_passes, .k = k, .vocab_limit = vocab_limit, .temperature = temperature,
-              .n_tagged = n_tagged};
-    int32_t *first = int32_array(first_obj, "first_tokens", &n_first);
-    int32_t *banned = first ? int32_array(banned_obj, "banned", &t.n_banned) : NULL;
-    int32_t *tagged = banned ? malloc(n_tagged * sizeof *tagged) : NULL;
-    t.banned = banned;
-    Py_ssize_t nodes = budget + 1, slots = 2 * budget + 1, n_blocks = (vocab_limit + BLOCK - 1) / BLOCK;
-    /* one allocation per type, carved below */
-    int32_t *ints = malloc((7 * nodes + nodes * k) * sizeof *ints);
-    double *doubles = malloc((nodes + 2 * nodes * k) * sizeof *doubles);
-    Py_ssize_t *counts = malloc(3 * nodes * sizeof *counts);
-    t.taken = malloc(nodes);
-    float *scratch = malloc((n_blocks + k + t.n_banned) * sizeof *scratch);
+              .batch = (llama_batch *)(uintptr_t)batch, .n_seq_max = n_seq_max, .k = k,
+              .vocab_limit = vocab_limit, .temperature = temperature, .n_tagged = n_tagged};
+    Py_ssize_t nodes = budget + 1, slots = 2 * budget + 1;
     Slot *heap = malloc(2 * slots * sizeof *heap);
+    int32_t *batch_nodes = malloc(nodes * sizeof *batch_nodes); /* a level's nodes */
     PyObject *out = NULL;
-    if (!tagged)
-        goto done;
-    if (!ints || !doubles || !counts || !t.taken || !scratch || !heap) {
+    if (!heap || !batch_nodes)
         PyErr_NoMemory();
-        goto done;
+    else if (tree_open(&t, n_batch, first_obj, first_position, banned_obj, nodes, nodes) == 0) {
+        Py_BEGIN_ALLOW_THREADS
+        grow(&t, budget, max_passes, heap, heap + slots, batch_nodes);
+        Py_END_ALLOW_THREADS
+        out = tree_result(&t);
     }
-    if (n_first < 1 || n_first > n_batch) {
-        PyErr_Format(PyExc_ValueError, "greedy_tree(): %zd first tokens (1 to %zd)", n_first, n_batch);
-        goto done;
-    }
-    if (!llama_decode || !ctx || !memory || !batch_address) {
-        PyErr_SetString(PyExc_RuntimeError, "greedy_tree() before bind(), or on a closed context");
-        goto done;
-    }
-    t.token = ints, t.parent = ints + nodes, t.depth = ints + 2 * nodes, t.row = ints + 3 * nodes;
-    t.seq = ints + 4 * nodes, t.evaluated = ints + 5 * nodes, t.ids = ints + 7 * nodes;
-    t.prob = doubles, t.probs = doubles + nodes, t.left = doubles + nodes + nodes * k;
-    t.found = counts, t.live = counts + nodes, t.drawn = counts + 2 * nodes;
-    t.block_max = scratch, t.pool_heap = scratch + n_blocks;
-    t.root_pos = first_position + (int32_t)n_first - 1;
-    t.size = 1;
-    t.token[0] = first[n_first - 1], t.parent[0] = -1, t.depth[0] = 0, t.prob[0] = 1.0;
-    t.row[0] = -1, t.seq[0] = -2, t.taken[0] = 0;
-    for (int32_t id = 0; id < n_tagged; id++)
-        tagged[id] = id;
-    fill_first(t.batch, first, n_first, first_position, tagged, n_tagged);
-    Py_BEGIN_ALLOW_THREADS
-    grow(&t, heap, heap + slots, ints + 6 * nodes); /* a level's nodes */
-    Py_END_ALLOW_THREADS
-    if (t.rc == OUT_OF_MEMORY)
-        PyErr_NoMemory();
-    else
-        out = result(&t);
-done:
-    free(first);
-    free(banned);
-    free(tagged);
-    free(ints);
-    free(doubles);
-    free(counts);
-    free(t.taken);
-    free(scratch);
+    tree_close(&t);
     free(heap);
+    free(batch_nodes);
     return out;
 }
 

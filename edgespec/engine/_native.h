@@ -1,5 +1,5 @@
-/* What the engine's compiled drafting loops (_chain.c, _dyspec.c) share: llama.cpp's ABI as the pinned
- * llama-cpp-python (0.3.36) declares it, the functions bound at run time, and small helpers.
+/* What the engine's compiled loops (_chain.c, _dyspec.c, _opt_tree.c, _verify.c) share: llama.cpp's ABI as
+ * the pinned llama-cpp-python (0.3.36) declares it, the functions bound at run time, and small helpers.
  *
  * llama.cpp is not linked: engine/_backend.py passes the addresses of llama_decode, llama_synchronize,
  * llama_get_logits_ith and llama_memory_seq_cp from llama-cpp-python's loaded library to each module's
@@ -73,6 +73,31 @@ static inline int32_t *int32_array(PyObject *obj, const char *what, Py_ssize_t *
             return NULL;
         }
         out[i] = (int32_t)value;
+    }
+    Py_DECREF(fast);
+    return out;
+}
+
+/* A sequence of floats as a malloc'd double array (*n its length); NULL with an error set on failure. */
+static inline double *double_array(PyObject *obj, const char *what, Py_ssize_t *n)
+{
+    PyObject *fast = PySequence_Fast(obj, what);
+    if (!fast)
+        return NULL;
+    *n = PySequence_Fast_GET_SIZE(fast);
+    double *out = malloc((*n ? *n : 1) * sizeof *out);
+    if (!out) {
+        Py_DECREF(fast);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < *n; i++) {
+        out[i] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(fast, i));
+        if (out[i] == -1.0 && PyErr_Occurred()) {
+            free(out);
+            Py_DECREF(fast);
+            return NULL;
+        }
     }
     Py_DECREF(fast);
     return out;

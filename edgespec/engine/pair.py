@@ -9,8 +9,9 @@ from ..planner.tree import DraftSetup
 from ._backend import amx_guard, system_info
 from ._llama import LLAMA_MAX_SEQ, Context, ContextSettings, Model
 from ._lora import LoraAdapter
+from .draft import Draft
 from .parallel import ParallelDrafter, check_base, read_adapter, untrained
-from .runners import CachedModel, Draft, Target
+from .runners import CachedModel, Target
 
 
 @dataclass(frozen=True)

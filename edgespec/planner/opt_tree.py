@@ -74,6 +74,93 @@ def subtree(tree: TreeBuilder, keep: np.ndarray) -> TreeBuilder:
     return out
 
 
+@dataclass(frozen=True)
+class OptTreeLevels:
+    """What Algorithm 1's level loop needs besides the draft (``OptTreePlanner.levels``)."""
+
+    n: int  # draft tokens the tree may keep
+    capacity: int  # nodes besides the root the draft may evaluate (its sequences)
+    max_depth: int  # levels: draft decodes
+    threshold: tuple[float, ...]  # δ for a next level of m nodes, m = 0 … n
+    level_cost: tuple[float, ...] | None  # c_d(m) / c_t(n + 1), m = 0 … n; None: expand every layer node
+
+
+def opt_tree_by_levels(drafter: Drafter, tree: TreeBuilder, levels: OptTreeLevels) -> list[int]:
+    """Algorithm 1's levels through ``expand``, one draft decode each, from a one-node tree: adds every
+    node a level chooses (the planner keeps the best of them) and returns the levels' sizes (the root's
+    level first). The reference of ``Drafter.grow_opt_tree`` (the engine's runs in C, engine/_opt_tree.c)."""
+    layer, e_old, evaluated, sizes = [0], 0.0, 0, []
+    for _ in range(levels.max_depth):
+        dists = drafter.expand(tree, layer)
+        sizes.append(len(layer))
+        evaluated += len(layer) - (1 if layer == [0] else 0)
+        children, top_n = _next_layer(tree, layer, dists, levels.n)
+        # E_sub(T, n): the n largest p̂ so far, added largest first one by one, as engine/_opt_tree.c
+        # does (sum() compensates its rounding since Python 3.12)
+        e_new = 0.0
+        for phat in sorted(top_n, reverse=True):
+            e_new += phat
+        gain, e_old = e_new - e_old, e_new
+        # The next level: the new children, all inside the current overall top n (each was added
+        # only when its p̂ beat the n-th largest), as many as the draft's sequences allow.
+        layer = best_by_path_prob(tree, children, levels.capacity - evaluated)
+        layer = worth_drafting(tree, layer, levels.level_cost)
+        if not layer or gain < levels.threshold[len(layer)]:  # the last gain vs the next level's cost
+            break
+    return sizes
+
+
+def _next_layer(tree: TreeBuilder, layer: list[int], dists, n: int) -> tuple[list[int], list[float]]:
+    """Add the n children of ``layer`` with the largest p̂ = p̂(parent) · q; returns them, and the
+    n largest p̂ of the tree after (a min-heap).
+
+    A child at or below the n-th largest p̂ of the nodes before it is not added: n older nodes beat
+    it (ties go to the older node) and the n-th largest only grows, so it could never be kept; in
+    p̂ order, neither could the children after it. The kept set, and so the returned tree, is the
+    same; only fewer nodes are built."""
+    # (−p̂, parent's place in the layer, rank under the parent) of every child with q > 0: the
+    # tuples order by p̂ descending, then parent, then rank (all distinct, so no ties left)
+    candidates = [
+        (-(tree.path_prob[u] * q), i, rank)
+        for i, (u, d) in enumerate(zip(layer, dists))
+        for rank, q in enumerate(d.probs.tolist())
+        if q > 0.0
+    ]
+    top_n = sorted(tree.path_prob[1:])[-n:]  # the n largest p̂ so far: a min-heap (ascending)
+    added = []
+    for neg_phat, i, rank in heapq.nsmallest(n, candidates):  # p̂ order; within a parent, rank order
+        if len(top_n) == n and -neg_phat <= top_n[0]:
+            break
+        if len(top_n) < n:
+            heapq.heappush(top_n, -neg_phat)
+        else:
+            heapq.heapreplace(top_n, -neg_phat)
+        q = float(dists[i].probs[rank])
+        added.append(tree.add(layer[i], int(dists[i].ids[rank]), q))
+        tree.set_children_rule(layer[i], ChildRule.TOP)
+    return added, top_n
+
+
+def worth_drafting(tree: TreeBuilder, layer: list[int], level_cost: tuple[float, ...] | None) -> list[int]:
+    """The m best nodes of the next layer whose expansion can pay for its level (all without costs).
+
+    Expanding u adds children whose p̂ sum to at most p̂(u) (their q sum to ≤ 1), so the m largest
+    p̂ of the layer bound what its level can add to E(A), and c_d(m) / c_t(n + 1) is what that level
+    costs in target steps: m maximises Σ_{j ≤ m} p̂(u_j) − c_d(m) / c_t(n + 1) (the first m on
+    ties). Where a draft row costs almost nothing (a GPU), that is the whole layer; on a CPU, where
+    each row of a level costs about a decode, the unlikely alternatives of a confident path are
+    left undrafted."""
+    if level_cost is None or len(layer) <= 1:
+        return layer
+    by_phat = sorted(layer, key=lambda u: -tree.path_prob[u])  # stable: ties keep index order
+    bound, best_m, best_net = 0.0, 1, float("-inf")  # bound: Σ of the m largest p̂
+    for m, u in enumerate(by_phat, start=1):
+        bound += tree.path_prob[u]
+        if bound - level_cost[m] > best_net:
+            best_m, best_net = m, bound - level_cost[m]
+    return sorted(by_phat[:best_m])  # index order: parents before children in the batch
+
+
 @dataclass
 class OptTreePlanner(Planner):
     # n: the paper uses 25–60 nodes in all
@@ -120,63 +207,33 @@ class OptTreePlanner(Planner):
         )
 
     def plan(self, root_token: int, drafter: Drafter, ctx: PlanContext) -> DraftTree:
-        # Between two draft decodes the Python here runs with cold caches (on a CPU the decode streamed
-        # the weights through them), so the per-level work is plain Python on short lists: numpy's
-        # calls cost ~30-100 µs each there, for arrays of a few dozen numbers.
         tree = TreeBuilder(root_token)
         n = min(self.budget, ctx.max_nodes - 1)
-        capacity = ctx.max_nodes - 1  # nodes besides the root the draft may evaluate (its sequences)
-        level_cost = self._level_costs(n)
-        layer, e_old, decodes, evaluated = [0], 0.0, 0, 0
-        drafting = 0.0  # seconds of draft levels, from the cost curves
-        for _ in range(self.max_depth if n > 0 else 0):
-            dists = drafter.expand(tree, layer)
-            decodes += 1
-            drafting += self.costs.d(len(layer)) if self.costs is not None else 0.0
-            evaluated += len(layer) - (1 if layer == [0] else 0)
-            children, top_n = self._next_layer(tree, layer, dists, n)
-            e_new = sum(sorted(top_n, reverse=True))  # E_sub(T, n): the n largest p̂ so far
-            gain, e_old = e_new - e_old, e_new
-            # The next level: the new children, all inside the current overall top n (each was added
-            # only when its p̂ beat the n-th largest), as many as the draft's sequences allow.
-            layer = best_by_path_prob(tree, children, capacity - evaluated)
-            layer = self._worth_drafting(tree, layer, level_cost)
-            if not layer or gain < self.threshold(len(layer), n):  # the last gain vs the next level's cost
-                break
+        levels = drafter.grow_opt_tree(tree, self.levels(n, ctx.max_nodes - 1)) if n > 0 else []
+        # seconds of draft levels, from the cost curves
+        drafting = sum(self.costs.d(size) for size in levels) if self.costs is not None else 0.0
         out = subtree(tree, top_nodes(np.asarray(tree.path_prob), self._final_size(tree, n, drafting)))
         stats = PlanStats(
-            draft_decodes=decodes,
-            drafted_nodes=evaluated + (1 if decodes else 0),
+            draft_decodes=len(levels),
+            drafted_nodes=sum(levels),
             expected_accept=float(sum(out.path_prob[1:])),
         )
         return out.freeze(stats)
 
-    def _level_costs(self, n: int) -> list[float] | None:
-        """c_d(m) / c_t(n + 1) for m = 0 … n: a draft level of m nodes in target steps (with the cost
-        curves and layers="paying"; else None)."""
-        if self.costs is None or self.layers == "all":
-            return None
-        return [0.0, *(self.costs.d(np.arange(1, n + 1)) / self.costs.t(n + 1)).tolist()]
-
-    @staticmethod
-    def _worth_drafting(tree: TreeBuilder, layer: list[int], level_cost: list[float] | None) -> list[int]:
-        """The m best nodes of the next layer whose expansion can pay for its level (all without costs).
-
-        Expanding u adds children whose p̂ sum to at most p̂(u) (their q sum to ≤ 1), so the m largest
-        p̂ of the layer bound what its level can add to E(A), and c_d(m) / c_t(n + 1) is what that level
-        costs in target steps: m maximises Σ_{j ≤ m} p̂(u_j) − c_d(m) / c_t(n + 1) (the first m on
-        ties). Where a draft row costs almost nothing (a GPU), that is the whole layer; on a CPU, where
-        each row of a level costs about a decode, the unlikely alternatives of a confident path are
-        left undrafted."""
-        if level_cost is None or len(layer) <= 1:
-            return layer
-        by_phat = sorted(layer, key=lambda u: -tree.path_prob[u])  # stable: ties keep index order
-        bound, best_m, best_net = 0.0, 1, float("-inf")  # bound: Σ of the m largest p̂
-        for m, u in enumerate(by_phat, start=1):
-            bound += tree.path_prob[u]
-            if bound - level_cost[m] > best_net:
-                best_m, best_net = m, bound - level_cost[m]
-        return sorted(by_phat[:best_m])  # index order: parents before children in the batch
+    def levels(self, n: int, capacity: int) -> OptTreeLevels:
+        """How Algorithm 1 grows a tree of n draft tokens where the draft may evaluate ``capacity`` nodes
+        besides the root (its sequences): ``threshold(m, n)`` for each next level's size m and, with
+        layers="paying", that level's cost (the same numbers: c_d(m) / c_t(n + 1) where measured)."""
+        level_cost = None  # c_d(m) / c_t(n + 1) for m = 0 … n: a draft level of m nodes in target steps
+        if self.costs is not None:
+            level_cost = (0.0, *(self.costs.d(np.arange(1, n + 1)) / self.costs.t(n + 1)).tolist())
+        if level_cost is not None and self.delta is None and self.mu is None:
+            threshold = level_cost
+        else:
+            threshold = (self.threshold(n, n),) * (n + 1)  # one δ for every size
+        return OptTreeLevels(
+            n, capacity, self.max_depth, threshold, level_cost if self.layers == "paying" else None
+        )
 
     def _final_size(self, tree: TreeBuilder, n: int, drafting: float) -> int:
         """n; with the cost curves, the m ≤ n whose top-m tree has the best expected rate."""
@@ -184,34 +241,3 @@ class OptTreePlanner(Planner):
             return n
         best_phat = np.sort(np.asarray(tree.path_prob[1:]))[::-1]
         return best_size(0.0, 0, best_phat, drafting, 1.0, self.costs, n).m
-
-    @staticmethod
-    def _next_layer(tree: TreeBuilder, layer: list[int], dists, n: int) -> tuple[list[int], list[float]]:
-        """Add the n children of ``layer`` with the largest p̂ = p̂(parent) · q; returns them, and the
-        n largest p̂ of the tree after (a min-heap).
-
-        A child at or below the n-th largest p̂ of the nodes before it is not added: n older nodes beat
-        it (ties go to the older node) and the n-th largest only grows, so it could never be kept; in
-        p̂ order, neither could the children after it. The kept set, and so the returned tree, is the
-        same; only fewer nodes are built."""
-        # (−p̂, parent's place in the layer, rank under the parent) of every child with q > 0: the
-        # tuples order by p̂ descending, then parent, then rank (all distinct, so no ties left)
-        candidates = [
-            (-(tree.path_prob[u] * q), i, rank)
-            for i, (u, d) in enumerate(zip(layer, dists))
-            for rank, q in enumerate(d.probs.tolist())
-            if q > 0.0
-        ]
-        top_n = sorted(tree.path_prob[1:])[-n:]  # the n largest p̂ so far: a min-heap (ascending)
-        added = []
-        for neg_phat, i, rank in heapq.nsmallest(n, candidates):  # p̂ order; within a parent, rank order
-            if len(top_n) == n and -neg_phat <= top_n[0]:
-                break
-            if len(top_n) < n:
-                heapq.heappush(top_n, -neg_phat)
-            else:
-                heapq.heapreplace(top_n, -neg_phat)
-            q = float(dists[i].probs[rank])
-            added.append(tree.add(layer[i], int(dists[i].ids[rank]), q))
-            tree.set_children_rule(layer[i], ChildRule.TOP)
-        return added, top_n

@@ -20,6 +20,7 @@ import numpy as np
 if TYPE_CHECKING:
     from ..decoding.events import StepEvent
     from .auto import CostModel
+    from .opt_tree import OptTreeLevels
 
 
 class ChildRule(IntEnum):
@@ -211,6 +212,13 @@ class Drafter(Protocol):
         ``planner.dyspec.dyspec_by_levels(self, tree, budget, max_passes)`` (the reference: the same nodes,
         probabilities, rules and ``tree.dists``); returns (draft decodes, nodes evaluated). The engine
         drafts it in one compiled call."""
+        ...
+
+    def grow_opt_tree(self, tree: TreeBuilder, levels: OptTreeLevels) -> list[int]:
+        """OPT-Tree's levels grown from the root of a one-node tree: exactly
+        ``planner.opt_tree.opt_tree_by_levels(self, tree, levels)`` (the reference: the same nodes,
+        probabilities, rules and ``tree.dists``); returns the levels' sizes, one draft decode each. The
+        engine drafts them in one compiled call."""
         ...
 
 
