@@ -133,7 +133,7 @@ def first_divergence(tokens, plain_tokens, plain_margins, noise: float, label: s
 
 
 def compiled_and_by_levels(
-    pair, make_planner, prompt: list[int], method: str, reference, sampling: SamplingParams = SamplingParams()
+    pair, make_planner, prompt: list[int], method: str, reference, sampling: SamplingParams | None = None
 ) -> list[tuple]:
     """Whole generations (40 tokens; greedy unless ``sampling`` says) with the engine's compiled
     ``Draft.<method>`` and again with ``reference`` (the level-by-level path through ``expand``) in its
@@ -141,7 +141,8 @@ def compiled_and_by_levels(
     E[A] are equal, and that the draft cache holds as many cells. Returns the steps (the compiled run's)."""
 
     def steps():
-        events = generate(pair, make_planner(), Request(prompt=prompt, max_tokens=40, sampling=sampling))
+        request = Request(prompt=prompt, max_tokens=40, sampling=sampling or SamplingParams())
+        events = generate(pair, make_planner(), request)
         return [
             (
                 [(t.id, t.provenance, t.margin) for t in e.tokens],

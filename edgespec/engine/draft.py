@@ -91,15 +91,14 @@ class Draft(CachedModel):
         # decoded into chain_seq (each continuing its parent's), the last drafted token not decoded.
         self.committed.extend(pending)
         self._root_committed(tree)
-        node, path = 0, (int(tree.tokens[0]),)
-        for depth, (token, prob) in enumerate(zip(tokens, probs), start=1):
-            tree.set_children_rule(node, ChildRule.TOP)
-            node, path = tree.add(node, token, prob), (*path, token)
-            if depth < decodes:
-                self._node_seq[node] = chain_seq
-                self._path_seq[path] = chain_seq
-                if depth > 1:
-                    self._seq_taken.add(tree.parents[node])
+        tree.graft(list(range(len(tokens))), tokens, probs, ChildRule.TOP)  # node d below node d − 1
+        path = (int(tree.tokens[0]),)
+        for node in range(1, min(decodes, len(tokens) + 1)):
+            path = (*path, tokens[node - 1])
+            self._node_seq[node] = chain_seq
+            self._path_seq[path] = chain_seq
+            if node > 1:
+                self._seq_taken.add(node - 1)
         if decodes > 1:
             self._used_seqs.append(chain_seq)
         self.decode_seconds += perf_counter() - start
@@ -156,15 +155,14 @@ class Draft(CachedModel):
         tagged with them. Returns the evaluated nodes, in evaluation order."""
         self.committed.extend(pending)
         self._root_committed(tree)
-        paths = [(int(tree.tokens[0]),)]  # each node's token path, parents first
-        for parent, token, prob in zip(parents, tokens, probs):
-            tree.set_children_rule(parent, ChildRule.TOP)
-            tree.add(parent, token, prob)
-            paths.append((*paths[parent], token))
+        tree.graft(parents, tokens, probs, ChildRule.TOP)
         top_ids = np.frombuffer(ids, np.int32).reshape(len(evaluated), k)
         top_p = np.frombuffer(top_probs, np.float64).reshape(len(evaluated), k)
+        paths = {0: (int(tree.tokens[0]),)}  # each evaluated node's token path (its parent came first)
         for row, (node, seq, n_found) in enumerate(zip(evaluated, seqs, found)):
             tree.dists[node] = SparseDist(ids=top_ids[row, :n_found], probs=top_p[row, :n_found])
+            if node:
+                paths[node] = (*paths[tree.parents[node]], tree.tokens[node])
             self._node_seq[node] = seq if seq >= 0 else None
             self._path_seq[paths[node]] = self._node_seq[node]
         self._seq_taken.update(taken)

@@ -179,6 +179,10 @@ class OptTreePlanner(Planner):
         choices=("paying", "all"),
     )
     costs: CostModel | None = field(default=None, compare=False, repr=False)  # the pair's cost profile
+    # levels() per (n, capacity): the same every step (a few numpy calls saved per step)
+    _levels: dict[tuple[int, int], OptTreeLevels] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
     name = "opt-tree"
     wants_costs = True
 
@@ -187,6 +191,7 @@ class OptTreePlanner(Planner):
     def use_costs(self, costs: CostModel) -> None:
         """Take μ from the pair's cost profile: its draft level and target verify curves."""
         self.costs = costs
+        self._levels.clear()
 
     def threshold(self, level: int, n: int) -> float:
         """δ, the gain in E(A) that pays for a draft level of ``level`` nodes in a tree of n draft
@@ -212,7 +217,9 @@ class OptTreePlanner(Planner):
         levels = drafter.grow_opt_tree(tree, self.levels(n, ctx.max_nodes - 1)) if n > 0 else []
         # seconds of draft levels, from the cost curves
         drafting = sum(self.costs.d(size) for size in levels) if self.costs is not None else 0.0
-        out = subtree(tree, top_nodes(np.asarray(tree.path_prob), self._final_size(tree, n, drafting)))
+        # the nodes by p̂, largest first (a stable sort: ties go to the older node), as top_nodes ranks them
+        ranked = sorted(range(1, tree.size), key=tree.path_prob.__getitem__, reverse=True)
+        out = subtree(tree, sorted(ranked[: self._final_size(tree, ranked, n, drafting)]))
         stats = PlanStats(
             draft_decodes=len(levels),
             drafted_nodes=sum(levels),
@@ -224,6 +231,8 @@ class OptTreePlanner(Planner):
         """How Algorithm 1 grows a tree of n draft tokens where the draft may evaluate ``capacity`` nodes
         besides the root (its sequences): ``threshold(m, n)`` for each next level's size m and, with
         layers="paying", that level's cost (the same numbers: c_d(m) / c_t(n + 1) where measured)."""
+        if (n, capacity) in self._levels:
+            return self._levels[n, capacity]
         level_cost = None  # c_d(m) / c_t(n + 1) for m = 0 … n: a draft level of m nodes in target steps
         if self.costs is not None:
             level_cost = (0.0, *(self.costs.d(np.arange(1, n + 1)) / self.costs.t(n + 1)).tolist())
@@ -231,13 +240,16 @@ class OptTreePlanner(Planner):
             threshold = level_cost
         else:
             threshold = (self.threshold(n, n),) * (n + 1)  # one δ for every size
-        return OptTreeLevels(
+        levels = OptTreeLevels(
             n, capacity, self.max_depth, threshold, level_cost if self.layers == "paying" else None
         )
+        self._levels[n, capacity] = levels
+        return levels
 
-    def _final_size(self, tree: TreeBuilder, n: int, drafting: float) -> int:
-        """n; with the cost curves, the m ≤ n whose top-m tree has the best expected rate."""
+    def _final_size(self, tree: TreeBuilder, ranked: list[int], n: int, drafting: float) -> int:
+        """n; with the cost curves, the m ≤ n whose top-m tree (``ranked``: nodes by p̂) has the best
+        expected rate."""
         if self.costs is None:
             return n
-        best_phat = np.sort(np.asarray(tree.path_prob[1:]))[::-1]
+        best_phat = np.array([tree.path_prob[node] for node in ranked[:n]])
         return best_size(0.0, 0, best_phat, drafting, 1.0, self.costs, n).m

@@ -81,8 +81,8 @@ class DraftTree:
 
     def __post_init__(self) -> None:
         children: list[list[int]] = [[] for _ in range(self.size)]
-        for node in range(1, self.size):
-            children[int(self.parents[node])].append(node)
+        for node, parent in enumerate(self.parents.tolist()[1:], start=1):
+            children[parent].append(node)
         object.__setattr__(self, "_children", tuple(tuple(c) for c in children))
 
     @property
@@ -95,9 +95,7 @@ class DraftTree:
 
     @property
     def leaves(self) -> list[int]:
-        has_child = np.zeros(self.size, dtype=bool)
-        has_child[self.parents[1:]] = True
-        return [int(i) for i in np.flatnonzero(~has_child)]
+        return [node for node, children in enumerate(self._children) if not children]
 
     def path(self, node: int) -> list[int]:
         """Node indices from the root to ``node`` inclusive."""
@@ -147,6 +145,24 @@ class TreeBuilder:
 
     def set_children_rule(self, node: int, rule: ChildRule) -> None:
         self.child_rule[node] = int(rule)
+
+    def graft(self, parents: list[int], tokens: list[int], draft_probs: list[float], rule: ChildRule) -> None:
+        """Append nodes at once (each parent before its children, as ``add`` one by one would, with
+        ``set_children_rule(parent, rule)``): what a compiled drafter built, without a call per node."""
+        for parent, prob in zip(parents, draft_probs):
+            if not 0 <= parent < len(self.depth):
+                raise ValueError(f"parent {parent} is not a node of this tree (size {len(self.depth)})")
+            self.depth.append(self.depth[parent] + 1)
+            self.path_prob.append(self.path_prob[parent] * prob)
+        n = len(parents)
+        self.tokens += tokens
+        self.parents += parents
+        self.draft_prob += draft_probs
+        self.merged += [False] * n
+        self.copied += [False] * n
+        self.child_rule += [int(ChildRule.NONE)] * n
+        for parent in set(parents):
+            self.child_rule[parent] = int(rule)
 
     def path_tokens(self, node: int) -> list[int]:
         out = []
