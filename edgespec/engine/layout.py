@@ -34,22 +34,27 @@ def tree_layout(parents: np.ndarray) -> TreeLayout:
 def _layout_cached(parents: tuple[int, ...]) -> TreeLayout:
     # Static shapes (chains, MCSD k-configurations) recur step after step: the layout is built once
     # per shape and reused — the "sliced topology-aware mask" idea of the MCSD paper.
+    # Plain lists while building (a numpy element costs ~10× a list's from Python), arrays at the end.
     n = len(parents)
-    depth = np.zeros(n, dtype=np.int32)
-    has_child = np.zeros(n, dtype=bool)
+    depth, has_child = [0] * n, [False] * n
     for i in range(1, n):
         depth[i] = depth[parents[i]] + 1
         has_child[parents[i]] = True
-    leaves = np.flatnonzero(~has_child)
+    leaves = [node for node in range(n) if not has_child[node]]
     ids: list[list[int]] = [[] for _ in range(n)]
-    leaf_below = np.full(n, -1, dtype=np.int32)
+    leaf_below = [-1] * n
     for leaf_id, leaf in enumerate(leaves):
-        node = int(leaf)
+        node = leaf
         while node >= 0:  # tag the leaf's whole root path
             ids[node].append(leaf_id)
             if leaf_below[node] < 0:
                 leaf_below[node] = leaf_id
             node = parents[node]
-    counts = np.array([len(x) for x in ids], dtype=np.int32)
-    flat = np.array([s for x in ids for s in x], dtype=np.int32)
-    return TreeLayout(depth, tuple(tuple(x) for x in ids), leaf_below, int(leaves.size), counts, flat)
+    return TreeLayout(
+        np.array(depth, dtype=np.int32),
+        tuple(tuple(x) for x in ids),
+        np.array(leaf_below, dtype=np.int32),
+        len(leaves),
+        np.array([len(x) for x in ids], dtype=np.int32),
+        np.array([s for x in ids for s in x], dtype=np.int32),
+    )
