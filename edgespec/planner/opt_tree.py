@@ -33,6 +33,11 @@ decode, and three in four of the rows drafted were alternatives that never made 
 Children are the draft's most likely tokens (deterministic): the one-hot rule verifies them, greedy
 or sampling. Ties in p̂ go to the older node, which keeps the kept set a subtree even when q = 1.
 
+Steps 1–3 (``opt_tree_by_levels``, the reference) need nothing but the draft's rows and the numbers
+``OptTreePlanner.levels`` fixes per tree size, so the engine runs them in one compiled call
+(``Drafter.grow_opt_tree``, engine/_opt_tree.c): no Python between the levels, greedy or sampling.
+Step 4 stays here.
+
 Note for the engine: the returned tree keeps only the kept nodes, renumbered (parents first), so its
 indices differ from those the draft saw during ``expand`` (nodes the draft evaluated may be dropped).
 Match accepted nodes to decoded ones by token path, not by index.
