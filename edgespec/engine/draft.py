@@ -113,16 +113,13 @@ class Draft(CachedModel):
             raise ValueError("greedy_dyspec drafts from the root alone (planner bug)")
         if budget < 1:
             return 0, 0
-        start = perf_counter()
-        pending = self._catch_up(room=self.ctx.settings.n_batch)
-        k = min(self.top_k, self.vocab_limit)
-        decodes, *grown = self.ctx.greedy_tree(
-            pending, len(self.committed), len(self.tagged_seqs), budget, max_passes, k, self.temperature,
-            self.vocab_limit, sorted(set(self.mask_ids)),
-        )  # fmt: skip
-        evaluated = self._adopt(tree, pending, k, *grown)
-        self.decode_seconds += perf_counter() - start
-        self.decodes += decodes
+        banned = sorted(set(self.mask_ids))
+        decodes, evaluated = self._tree_in_c(
+            tree,
+            lambda pending, base, n_tagged, k: self.ctx.greedy_tree(
+                pending, base, n_tagged, budget, max_passes, k, self.temperature, self.vocab_limit, banned
+            ),
+        )
         return decodes, len(evaluated)
 
     def grow_opt_tree(self, tree: TreeBuilder, levels: OptTreeLevels) -> list[int]:
@@ -131,18 +128,28 @@ class Draft(CachedModel):
         ``Drafter.grow_opt_tree``."""
         if tree.size != 1:
             raise ValueError("grow_opt_tree drafts from the root alone (planner bug)")
+        banned = sorted(set(self.mask_ids))
+        _, evaluated = self._tree_in_c(
+            tree,
+            lambda pending, base, n_tagged, k: self.ctx.opt_tree(
+                pending, base, n_tagged, levels, k, self.temperature, self.vocab_limit, banned
+            ),
+        )
+        # each level evaluates nodes of one depth, the next level's one deeper: its size is their count
+        return [len(list(nodes)) for _, nodes in groupby(evaluated, key=tree.depth.__getitem__)]
+
+    def _tree_in_c(self, tree: TreeBuilder, call) -> tuple[int, list[int]]:
+        """A tree grown from the root by a compiled call — ``call(pending, committed length, tagged ids,
+        k)`` returns (decodes, *the tree as ``_adopt`` takes it) — with ``expand``'s bookkeeping; returns
+        (decodes, the evaluated nodes in evaluation order)."""
         start = perf_counter()
         pending = self._catch_up(room=self.ctx.settings.n_batch)
         k = min(self.top_k, self.vocab_limit)
-        decodes, *grown = self.ctx.opt_tree(
-            pending, len(self.committed), len(self.tagged_seqs), levels, k, self.temperature,
-            self.vocab_limit, sorted(set(self.mask_ids)),
-        )  # fmt: skip
+        decodes, *grown = call(pending, len(self.committed), len(self.tagged_seqs), k)
         evaluated = self._adopt(tree, pending, k, *grown)
         self.decode_seconds += perf_counter() - start
         self.decodes += decodes
-        # each level evaluates nodes of one depth, the next level's one deeper: its size is their count
-        return [len(list(nodes)) for _, nodes in groupby(evaluated, key=tree.depth.__getitem__)]
+        return decodes, evaluated
 
     def _adopt(
         self, tree: TreeBuilder, pending: list[int], k: int, parents: list[int], tokens: list[int],
