@@ -15,7 +15,7 @@ the same flags where the package is not installed.
 from setuptools import Extension, setup
 
 FLAGS = ["-O3", "-fno-trapping-math", "-fno-math-errno", "-Wno-psabi"]
-KERNELS = ["edgespec/decoding/_row_kernels.h"]
+KERNELS = ["edgespec/decoding/_row_kernels.h", "edgespec/decoding/_row_split.h"]
 NATIVE = [*KERNELS, "edgespec/engine/_native.h"]
 TREES = [*NATIVE, "edgespec/engine/_tree_draft.h"]
 

@@ -144,10 +144,10 @@ static inline double total(const f64h *sum)
 #define EXACT_EXP_LOW -50.0
 #define EXACT_EXP_HIGH 80.0
 
-/* One read of a row (n ≥ 1 logits): the max of each block of BLOCK (the last block may be short),
- * and, when want_sum, Σ_v exp(l_v) (unshifted; a block whose max is above EXACT_EXP_HIGH stops the sum,
- * and log_normaliser, seeing that peak, shifts instead). */
-static VECTOR_CLONES double row_pass(const float *row, Py_ssize_t n, float *block_max, int want_sum)
+/* One read of a run of logits (n ≥ 1; a row, or a part of one that starts at a block): the max of each
+ * block of BLOCK (the last block may be short), and, when want_sum, Σ_v exp(l_v) (unshifted; a block whose
+ * max is above EXACT_EXP_HIGH stops the sum, and log_normaliser, seeing that peak, shifts instead). */
+static VECTOR_CLONES double blocks_pass(const float *row, Py_ssize_t n, float *block_max, int want_sum)
 {
     f64h sum[2] = {{0}, {0}};
     f32v pending = {0};
@@ -175,6 +175,8 @@ static VECTOR_CLONES double row_pass(const float *row, Py_ssize_t n, float *bloc
     }
     return total(sum);
 }
+
+#include "_row_split.h" /* row_pass: blocks_pass over a row's two halves, on two cores when it can */
 
 /* Σ_v exp(d_v), d_v = (l_v − m)·(1/T) in float32 (≤ 0): the normaliser when exp(l) itself would not do. */
 static VECTOR_CLONES double shifted_sum(const float *row, Py_ssize_t n, float peak, float inverse_t)

@@ -10,7 +10,8 @@ the normaliser, with a vectorised float32 exp.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -100,6 +101,21 @@ def draft_dists(
     probs = np.empty((rows.shape[0], k), dtype=np.float64)
     found = _rows.top_k(rows, k, temperature, banned, ids, probs)  # k unless exclude leaves fewer ids
     return [SparseDist(ids=ids[r, :found], probs=probs[r, :found]) for r in range(rows.shape[0])]
+
+
+@contextmanager
+def rows_on_two_cores(enabled: bool) -> Iterator[None]:
+    """Rows read inside (``draft_dists``; the compiled loops arm it themselves) may have their second half
+    read by the helper thread on a spare core (``_row_split.h``; the same result either way). Enter before
+    the decode whose rows follow: the helper wakes during it and is polling when they come."""
+    if not enabled:
+        yield
+        return
+    _rows.row_helper_arm()
+    try:
+        yield
+    finally:
+        _rows.row_helper_disarm()
 
 
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:

@@ -89,12 +89,12 @@ static PyObject *greedy_chain(PyObject *self, PyObject *args)
 {
     unsigned long long ctx_address, batch_address;
     Py_ssize_t n_batch, n_seq_max, length, vocab_limit, n_first, n_ids;
-    int first_position, chain_seq;
+    int first_position, chain_seq, helper = 0;
     double p_min, temperature;
     PyObject *first_obj, *ids_obj, *banned_obj;
-    if (!PyArg_ParseTuple(args, "KKnnOiOinddnO", &ctx_address, &batch_address, &n_batch, &n_seq_max, &first_obj,
+    if (!PyArg_ParseTuple(args, "KKnnOiOinddnO|p", &ctx_address, &batch_address, &n_batch, &n_seq_max, &first_obj,
                           &first_position, &ids_obj, &chain_seq, &length, &p_min, &temperature, &vocab_limit,
-                          &banned_obj))
+                          &banned_obj, &helper))
         return NULL;
     if (length < 1 || vocab_limit < 1 || temperature <= 0.0 || chain_seq < 0 || chain_seq >= n_seq_max) {
         PyErr_SetString(PyExc_ValueError, "greedy_chain(): length, vocab_limit, temperature or chain_seq out of range");
@@ -127,7 +127,11 @@ static PyObject *greedy_chain(PyObject *self, PyObject *args)
     llama_batch *batch = (llama_batch *)(uintptr_t)batch_address;
     fill_first(batch, first, n_first, first_position, ids, n_ids);
     Py_BEGIN_ALLOW_THREADS
+    if (helper)
+        row_helper_arm();
     run_chain((void *)(uintptr_t)ctx_address, batch, first_position + (int32_t)n_first - 1, &c);
+    if (helper)
+        row_helper_disarm();
     Py_END_ALLOW_THREADS
     if (c.rc == -1) {
         PyErr_NoMemory();
@@ -148,11 +152,11 @@ static PyMethodDef methods[] = {
     {"bind", bind, METH_VARARGS, BIND_DOC},
     {"greedy_chain", greedy_chain, METH_VARARGS,
      "greedy_chain(ctx, batch, n_batch, n_seq_max, first_tokens, first_position, first_seq_ids, chain_seq, "
-     "length, p_min, temperature, vocab_limit, banned) -> (rc, decodes, seconds, tokens, probs)"},
+     "length, p_min, temperature, vocab_limit, banned[, helper]) -> (rc, decodes, seconds, tokens, probs)"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_chain", "The draft's greedy chain in one call.", -1,
                                     methods};
 
-PyMODINIT_FUNC PyInit__chain(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__chain(void) { return row_helper_import() < 0 ? NULL : PyModule_Create(&module); }

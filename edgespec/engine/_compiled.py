@@ -49,6 +49,7 @@ class CompiledLoops:
             lambda ctx, batch: _chain.greedy_chain(
                 ctx, batch, self.settings.n_batch, self.settings.n_seq_max, first_tokens, first_position,
                 first_seq_ids, chain_seq, length, p_min, temperature, vocab_limit, banned,
+                self.settings.row_helper,
             ),
         )  # fmt: skip
 
@@ -64,7 +65,7 @@ class CompiledLoops:
             lambda ctx, batch: _dyspec.greedy_tree(
                 ctx, address(self.memory), batch, self.settings.n_batch, self.settings.n_seq_max,
                 first_tokens, first_position, n_tagged, budget, max_passes, k, temperature,
-                vocab_limit, banned,
+                vocab_limit, banned, self.settings.row_helper,
             ),
         )  # fmt: skip
 
@@ -81,6 +82,7 @@ class CompiledLoops:
                 ctx, address(self.memory), batch, self.settings.n_batch, self.settings.n_seq_max,
                 first_tokens, first_position, n_tagged, levels.n, levels.capacity, levels.max_depth,
                 levels.threshold, levels.level_cost or (), k, temperature, vocab_limit, banned,
+                self.settings.row_helper,
             ),
         )  # fmt: skip
 
@@ -99,7 +101,7 @@ class CompiledLoops:
             rc, seconds, path, next_token, margins = _verify.greedy_verify(
                 address(self.ptr), ctypes.addressof(self._batch), self.settings.n_batch,
                 self.settings.n_seq_max, self.n_vocab, tokens, parents, child_rule, first_position,
-                seq_counts, seq_ids,
+                seq_counts, seq_ids, self.settings.row_helper,
             )  # fmt: skip
         self.decode_seconds += seconds
         if rc == -4:

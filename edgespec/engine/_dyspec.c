@@ -132,12 +132,12 @@ static PyObject *greedy_tree(PyObject *self, PyObject *args)
 {
     unsigned long long ctx, memory, batch;
     Py_ssize_t n_batch, n_seq_max, budget, max_passes, k, vocab_limit;
-    int first_position, n_tagged;
+    int first_position, n_tagged, helper = 0;
     double temperature;
     PyObject *first_obj, *banned_obj;
-    if (!PyArg_ParseTuple(args, "KKKnnOiinnndnO", &ctx, &memory, &batch, &n_batch, &n_seq_max, &first_obj,
+    if (!PyArg_ParseTuple(args, "KKKnnOiinnndnO|p", &ctx, &memory, &batch, &n_batch, &n_seq_max, &first_obj,
                           &first_position, &n_tagged, &budget, &max_passes, &k, &temperature, &vocab_limit,
-                          &banned_obj))
+                          &banned_obj, &helper))
         return NULL;
     if (budget < 1 || budget >= n_batch || max_passes < 0 || k < 1 || k > vocab_limit || temperature <= 0.0 ||
         n_tagged < 1 || n_tagged > n_seq_max) {
@@ -156,7 +156,11 @@ static PyObject *greedy_tree(PyObject *self, PyObject *args)
         PyErr_NoMemory();
     else if (tree_open(&t, n_batch, first_obj, first_position, banned_obj, nodes, nodes) == 0) {
         Py_BEGIN_ALLOW_THREADS
+        if (helper)
+            row_helper_arm();
         grow(&t, budget, max_passes, heap, heap + slots, batch_nodes);
+        if (helper)
+            row_helper_disarm();
         Py_END_ALLOW_THREADS
         out = tree_result(&t);
     }
@@ -170,7 +174,7 @@ static PyMethodDef methods[] = {
     {"bind", bind, METH_VARARGS, BIND_DOC},
     {"greedy_tree", greedy_tree, METH_VARARGS,
      "greedy_tree(ctx, memory, batch, n_batch, n_seq_max, first_tokens, first_position, n_tagged, budget, "
-     "max_passes, k, temperature, vocab_limit, banned) -> (rc, decodes, seconds, parents, tokens, probs, "
+     "max_passes, k, temperature, vocab_limit, banned[, helper]) -> (rc, decodes, seconds, parents, tokens, probs, "
      "evaluated, seqs, ids, top_probs, found, taken, n_used, n_tagged)"},
     {NULL, NULL, 0, NULL},
 };
@@ -178,4 +182,4 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_dyspec", "DySpec's greedy tree drafted in one call.",
                                     -1, methods};
 
-PyMODINIT_FUNC PyInit__dyspec(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__dyspec(void) { return row_helper_import() < 0 ? NULL : PyModule_Create(&module); }

@@ -163,6 +163,7 @@ class ContextSettings:
     n_batch: int = 512  # also the largest tree a single decode may hold
     n_seq_max: int = 65  # sequence ids: one per leaf of the largest tree (≤ 256)
     n_threads: int = 0  # 0 → all cores
+    row_helper: bool = False  # the compiled loops read rows on two cores (decoding/_row_split.h)
 
 
 class Context(CompiledLoops):

@@ -209,13 +209,13 @@ static PyObject *opt_tree(PyObject *self, PyObject *args)
 {
     unsigned long long ctx, memory, batch;
     Py_ssize_t n_batch, n_seq_max, k, vocab_limit, n_threshold = 0, n_cost = 0;
-    int first_position, n_tagged;
+    int first_position, n_tagged, helper = 0;
     double temperature;
     PyObject *first_obj, *threshold_obj, *cost_obj, *banned_obj;
     Levels lv = {0};
-    if (!PyArg_ParseTuple(args, "KKKnnOiinnnOOndnO", &ctx, &memory, &batch, &n_batch, &n_seq_max, &first_obj,
+    if (!PyArg_ParseTuple(args, "KKKnnOiinnnOOndnO|p", &ctx, &memory, &batch, &n_batch, &n_seq_max, &first_obj,
                           &first_position, &n_tagged, &lv.n, &lv.capacity, &lv.max_depth, &threshold_obj,
-                          &cost_obj, &k, &temperature, &vocab_limit, &banned_obj))
+                          &cost_obj, &k, &temperature, &vocab_limit, &banned_obj, &helper))
         return NULL;
     if (lv.n < 1 || lv.n >= n_batch || lv.capacity < lv.n || lv.max_depth < 1 || k < 1 || k > vocab_limit ||
         temperature <= 0.0 || n_tagged < 1 || n_tagged > n_seq_max) {
@@ -251,7 +251,11 @@ static PyObject *opt_tree(PyObject *self, PyObject *args)
         PyErr_NoMemory();
     else if (tree_open(&t, n_batch, first_obj, first_position, banned_obj, nodes, lv.capacity + 1) == 0) {
         Py_BEGIN_ALLOW_THREADS
+        if (helper)
+            row_helper_arm();
         grow(&t, &lv);
+        if (helper)
+            row_helper_disarm();
         Py_END_ALLOW_THREADS
         out = tree_result(&t);
     }
@@ -278,4 +282,4 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_opt_tree", "OPT-Tree's levels drafted in one call.",
                                     -1, methods};
 
-PyMODINIT_FUNC PyInit__opt_tree(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__opt_tree(void) { return row_helper_import() < 0 ? NULL : PyModule_Create(&module); }

@@ -98,10 +98,10 @@ static PyObject *greedy_verify(PyObject *self, PyObject *args)
 {
     unsigned long long ctx_address, batch_address;
     Py_ssize_t n_batch, n_seq_max, n_vocab;
-    int first_position;
+    int first_position, helper = 0;
     PyObject *objects[5];
-    if (!PyArg_ParseTuple(args, "KKnnnOOOiOO", &ctx_address, &batch_address, &n_batch, &n_seq_max, &n_vocab,
-                          &objects[0], &objects[1], &objects[2], &first_position, &objects[3], &objects[4]))
+    if (!PyArg_ParseTuple(args, "KKnnnOOOiOO|p", &ctx_address, &batch_address, &n_batch, &n_seq_max, &n_vocab,
+                          &objects[0], &objects[1], &objects[2], &first_position, &objects[3], &objects[4], &helper))
         return NULL;
     static const char formats[5] = {'i', 'i', 'b', 'i', 'i'};
     static const Py_ssize_t sizes[5] = {4, 4, 1, 4, 4};
@@ -172,7 +172,11 @@ static PyObject *greedy_verify(PyObject *self, PyObject *args)
     w.n = n;
     w.n_vocab = n_vocab;
     Py_BEGIN_ALLOW_THREADS
+    if (helper)
+        row_helper_arm();
     decode_and_walk((void *)(uintptr_t)ctx_address, batch, &w);
+    if (helper)
+        row_helper_disarm();
     Py_END_ALLOW_THREADS
     if (w.rc == -1) {
         PyErr_NoMemory();
@@ -193,11 +197,11 @@ static PyMethodDef methods[] = {
     {"bind", bind, METH_VARARGS, BIND_DOC},
     {"greedy_verify", greedy_verify, METH_VARARGS,
      "greedy_verify(ctx, batch, n_batch, n_seq_max, n_vocab, tokens, parents, child_rule, first_position, "
-     "seq_counts, seq_ids) -> (rc, seconds, path, next_token, margins)"},
+     "seq_counts, seq_ids[, helper]) -> (rc, seconds, path, next_token, margins)"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_verify",
                                     "The target's greedy verification of a tree in one call.", -1, methods};
 
-PyMODINIT_FUNC PyInit__verify(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__verify(void) { return row_helper_import() < 0 ? NULL : PyModule_Create(&module); }

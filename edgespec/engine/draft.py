@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..decoding.sampling import draft_dists
+from ..decoding.sampling import draft_dists, rows_on_two_cores
 from ..planner.tree import ChildRule, DraftTree, SparseDist, TreeBuilder
 from ._llama import Context
 from .runners import CachedModel
@@ -57,18 +57,19 @@ class Draft(CachedModel):
         self._used_seqs = []
 
     def expand(self, tree: TreeBuilder, nodes: Sequence[int]) -> list[SparseDist]:
-        start = perf_counter()
-        if list(nodes) == [0]:
-            # The root: catch up on what the target committed last step (accepted tokens the draft
-            # never decoded, then the new root), straight into the committed prefix.
-            row = self.decode_committed(self.pending, want_last=True)
-            self._root_committed(tree)
-            rows = row[None, :]
-        else:
-            rows = self._decode_level(tree, nodes)
-        self.decode_seconds += perf_counter() - start
-        self.decodes += 1
-        dists = draft_dists(rows, self.top_k, self.temperature, self.vocab_limit, self.mask_ids)
+        with rows_on_two_cores(self.ctx.settings.row_helper):
+            start = perf_counter()
+            if list(nodes) == [0]:
+                # The root: catch up on what the target committed last step (accepted tokens the draft
+                # never decoded, then the new root), straight into the committed prefix.
+                row = self.decode_committed(self.pending, want_last=True)
+                self._root_committed(tree)
+                rows = row[None, :]
+            else:
+                rows = self._decode_level(tree, nodes)
+            self.decode_seconds += perf_counter() - start
+            self.decodes += 1
+            dists = draft_dists(rows, self.top_k, self.temperature, self.vocab_limit, self.mask_ids)
         for node, dist in zip(nodes, dists):
             tree.dists[node] = dist
         return dists

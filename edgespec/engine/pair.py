@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from ..errors import EngineError, PairingError
@@ -23,13 +24,18 @@ class EngineSettings:
     max_tree_nodes: int = 64  # largest draft tree (root excluded) a step may verify
     repack: bool = True  # llama.cpp's CPU weight repacking (faster; batch numerics differ from B=1)
     draft_top_k: int = 32  # candidates kept per draft distribution
+    # the compiled loops read each logits row on two cores (decoding/_row_split.h); None: when a core is
+    # idle, i.e. llama.cpp runs on fewer threads than this process may use
+    row_helper: bool | None = None
 
     def context(self) -> ContextSettings:
+        spare_core = 0 < self.threads < len(os.sched_getaffinity(0))
         return ContextSettings(
             n_ctx=self.n_ctx,
             n_batch=max(512, self.max_tree_nodes + 1),
             n_seq_max=min(LLAMA_MAX_SEQ, self.max_tree_nodes + 1),
             n_threads=self.threads,
+            row_helper=spare_core if self.row_helper is None else self.row_helper,
         )
 
 
