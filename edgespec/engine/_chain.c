@@ -78,7 +78,7 @@ done:
 }
 
 /* greedy_chain(ctx, batch, n_batch, n_seq_max, first_tokens, first_position, first_seq_ids, chain_seq,
- *              length, p_min, temperature, vocab_limit, banned) -> (rc, decodes, seconds, tokens, probs)
+ *              length, p_min, temperature, vocab_limit, banned[, helper]) -> (rc, decodes, seconds, tokens, probs)
  *
  * First decode: first_tokens at first_position, first_position + 1, …, each in first_seq_ids, the last
  * one's row asked for. Then up to `length` tokens: each the top allowed id of the last row (banned:

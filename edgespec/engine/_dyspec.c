@@ -122,7 +122,7 @@ static void grow(Tree *t, Py_ssize_t budget, Py_ssize_t max_passes, Slot *heap, 
 }
 
 /* greedy_tree(ctx, memory, batch, n_batch, n_seq_max, first_tokens, first_position, n_tagged, budget,
- *             max_passes, k, temperature, vocab_limit, banned) -> see tree_result() in _tree_draft.h
+ *             max_passes, k, temperature, vocab_limit, banned[, helper]) -> see tree_result() in _tree_draft.h
  *
  * The first decode holds first_tokens (the catch-up, the root last) at first_position … in sequences
  * 0 … n_tagged − 1; the root is at the last of those positions. k: candidates per row (≤ vocab_limit);

@@ -4,6 +4,8 @@
  * llama.cpp is not linked: engine/_backend.py passes the addresses of llama_decode, llama_synchronize,
  * llama_get_logits_ith and llama_memory_seq_cp from llama-cpp-python's loaded library to each module's
  * bind(). tests/test_chain_native.py compares struct llama_batch below with the ctypes one.
+ * Each loop's last argument, `helper` (optional, false by default), arms the row helper for the call: rows
+ * read on two cores (decoding/_row_split.h; the same results).
  * Include <Python.h> first. */
 #ifndef EDGESPEC_NATIVE_H
 #define EDGESPEC_NATIVE_H

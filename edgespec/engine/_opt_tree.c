@@ -197,7 +197,7 @@ static void grow(Tree *t, Levels *lv)
 }
 
 /* opt_tree(ctx, memory, batch, n_batch, n_seq_max, first_tokens, first_position, n_tagged, n, capacity,
- *          max_depth, threshold, level_cost, k, temperature, vocab_limit, banned) -> see tree_result()
+ *          max_depth, threshold, level_cost, k, temperature, vocab_limit, banned[, helper]) -> see tree_result()
  *
  * The first decode holds first_tokens (the catch-up, the root last) at first_position … in sequences
  * 0 … n_tagged − 1. n: draft tokens the tree may keep (1 ≤ n ≤ capacity, n < n_batch); capacity: nodes
@@ -274,7 +274,8 @@ static PyMethodDef methods[] = {
     {"bind", bind, METH_VARARGS, BIND_DOC},
     {"opt_tree", opt_tree, METH_VARARGS,
      "opt_tree(ctx, memory, batch, n_batch, n_seq_max, first_tokens, first_position, n_tagged, n, capacity, "
-     "max_depth, threshold, level_cost, k, temperature, vocab_limit, banned) -> (rc, decodes, seconds, parents, "
+     "max_depth, threshold, level_cost, k, temperature, vocab_limit, banned[, helper]) -> (rc, decodes, seconds, "
+     "parents, "
      "tokens, probs, evaluated, seqs, ids, top_probs, found, taken, n_used, n_tagged)"},
     {NULL, NULL, 0, NULL},
 };

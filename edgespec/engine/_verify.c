@@ -87,7 +87,7 @@ static void decode_and_walk(void *ctx, llama_batch *batch, Walk *w)
 }
 
 /* greedy_verify(ctx, batch, n_batch, n_seq_max, n_vocab, tokens, parents, child_rule, first_position,
- *               seq_counts, seq_ids) -> (rc, seconds, path, next_token, margins)
+ *               seq_counts, seq_ids[, helper]) -> (rc, seconds, path, next_token, margins)
  *
  * The batch: node i (tokens[i], int32) at first_position + depth(i), in the seq_counts[i] sequence ids
  * that follow in seq_ids (int32, node after node), every row asked for; parents (int32): parents[0] = -1,
