@@ -162,11 +162,19 @@ static int row_helper_import(void)
 }
 #endif
 
-/* A compiled call wants help from here (call with the GIL released) … */
-static inline void row_helper_arm(void) { row_helper->arm(); }
+/* A call that wants help (`wanted`) has it from here (call with the GIL released) … */
+static inline void row_helper_arm(int wanted)
+{
+    if (wanted)
+        row_helper->arm();
+}
 
-/* … to here; the helper sleeps after its grace unless another call armed it. */
-static inline void row_helper_disarm(void) { atomic_fetch_sub(&row_helper->armed, 1); }
+/* … to here, with the same `wanted`; the helper sleeps after its grace unless another call armed it. */
+static inline void row_helper_disarm(int wanted)
+{
+    if (wanted)
+        atomic_fetch_sub(&row_helper->armed, 1);
+}
 
 /* One read of a row (n ≥ 1 logits): block maxima and, when want_sum, Σ exp(l) — blocks_pass over the
  * first half of the blocks plus blocks_pass over the rest (the short last block with them), the second

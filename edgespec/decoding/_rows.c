@@ -108,14 +108,14 @@ static PyObject *argmax_margin(PyObject *self, PyObject *arg)
 static PyObject *helper_arm(PyObject *self, PyObject *unused)
 {
     Py_BEGIN_ALLOW_THREADS;
-    row_helper_arm();
+    row_helper_arm(1);
     Py_END_ALLOW_THREADS;
     Py_RETURN_NONE;
 }
 
 static PyObject *helper_disarm(PyObject *self, PyObject *unused)
 {
-    row_helper_disarm();
+    row_helper_disarm(1);
     Py_RETURN_NONE;
 }
 

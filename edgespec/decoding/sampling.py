@@ -10,8 +10,8 @@ the normaliser, with a vectorised float32 exp.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -103,19 +103,23 @@ def draft_dists(
     return [SparseDist(ids=ids[r, :found], probs=probs[r, :found]) for r in range(rows.shape[0])]
 
 
-@contextmanager
-def rows_on_two_cores(enabled: bool) -> Iterator[None]:
+class _HelperArmed(AbstractContextManager):
+    def __enter__(self) -> None:
+        _rows.row_helper_arm()
+
+    def __exit__(self, *exc) -> None:
+        _rows.row_helper_disarm()
+
+
+_ARMED, _OFF = _HelperArmed(), nullcontext()  # shared: arming counts, so entering one twice nests
+
+
+def rows_on_two_cores(enabled: bool) -> AbstractContextManager:
     """Rows read inside (``draft_dists``; the compiled loops arm it themselves) may have their second half
     read by the helper thread on a spare core (``_row_split.h``; the same result either way). Enter before
-    the decode whose rows follow: the helper wakes during it and is polling when they come."""
-    if not enabled:
-        yield
-        return
-    _rows.row_helper_arm()
-    try:
-        yield
-    finally:
-        _rows.row_helper_disarm()
+    the decode whose rows follow: the helper wakes during it and is polling when they come. Nothing is
+    created per call (it wraps every draft level)."""
+    return _ARMED if enabled else _OFF
 
 
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:

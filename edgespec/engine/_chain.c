@@ -127,11 +127,9 @@ static PyObject *greedy_chain(PyObject *self, PyObject *args)
     llama_batch *batch = (llama_batch *)(uintptr_t)batch_address;
     fill_first(batch, first, n_first, first_position, ids, n_ids);
     Py_BEGIN_ALLOW_THREADS
-    if (helper)
-        row_helper_arm();
+    row_helper_arm(helper);
     run_chain((void *)(uintptr_t)ctx_address, batch, first_position + (int32_t)n_first - 1, &c);
-    if (helper)
-        row_helper_disarm();
+    row_helper_disarm(helper);
     Py_END_ALLOW_THREADS
     if (c.rc == -1) {
         PyErr_NoMemory();

@@ -156,11 +156,9 @@ static PyObject *greedy_tree(PyObject *self, PyObject *args)
         PyErr_NoMemory();
     else if (tree_open(&t, n_batch, first_obj, first_position, banned_obj, nodes, nodes) == 0) {
         Py_BEGIN_ALLOW_THREADS
-        if (helper)
-            row_helper_arm();
+        row_helper_arm(helper);
         grow(&t, budget, max_passes, heap, heap + slots, batch_nodes);
-        if (helper)
-            row_helper_disarm();
+        row_helper_disarm(helper);
         Py_END_ALLOW_THREADS
         out = tree_result(&t);
     }

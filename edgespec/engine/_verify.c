@@ -172,11 +172,9 @@ static PyObject *greedy_verify(PyObject *self, PyObject *args)
     w.n = n;
     w.n_vocab = n_vocab;
     Py_BEGIN_ALLOW_THREADS
-    if (helper)
-        row_helper_arm();
+    row_helper_arm(helper);
     decode_and_walk((void *)(uintptr_t)ctx_address, batch, &w);
-    if (helper)
-        row_helper_disarm();
+    row_helper_disarm(helper);
     Py_END_ALLOW_THREADS
     if (w.rc == -1) {
         PyErr_NoMemory();
