@@ -449,6 +449,30 @@ def test_opt_tree_sizes_the_final_tree_by_the_cost_curves():
     assert steep.size == 1
 
 
+@pytest.mark.parametrize("seed", range(60))
+def test_opt_tree_final_size_in_python_is_best_size(seed):
+    """Step 4 without numpy (``FinalSizing.best_m``) picks exactly ``costmodel.best_size``'s m: random
+    p̂ (some zero: equal rates, where the smaller tree must win), random verify curves with dips and
+    flat stretches, random draft levels (their seconds move the best m) and overheads."""
+    from edgespec.planner.costmodel import CostModel, best_size
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 40))
+    verify = np.round(rng.uniform(0.5, 1.5, 80), 1)  # rounded: flat stretches
+    level = rng.uniform(0.0, 4.0, 80)
+    costs = CostModel(verify, level, level, overhead=float(rng.choice([0.0, 3e-4, 0.02])))
+    planner = OptTreePlanner(budget=n)
+    planner.use_costs(costs)
+    phat = np.sort(rng.uniform(0.0, 1.0, n + 5))[::-1]
+    phat[rng.integers(0, n + 6) :] = 0.0  # a tail that adds nothing
+    path_prob = [1.0, *phat.tolist()]
+    ranked = sorted(range(1, len(path_prob)), key=path_prob.__getitem__, reverse=True)[:n]
+    levels = [1, *rng.integers(1, n + 1, int(rng.integers(0, 6))).tolist()]
+    drafting = sum(costs.d(size) for size in levels)
+    expected = best_size(0.0, 0, np.array([path_prob[u] for u in ranked]), drafting, 1.0, costs, n).m
+    assert planner.sizing(n).best_m(path_prob, ranked, levels) == expected
+
+
 # -- DySpec ------------------------------------------------------------------------------------------
 def reference_alg1(dist_for, root: int, m: int, seed: int | None):
     """DySpec Algorithm 1 as printed: one draft call per node, the residual R kept explicitly."""
@@ -582,3 +606,28 @@ def test_cli_flags_come_from_the_table():
     assert all(r["help"] for r in rows)
     budget_help = next(a.help for a in parser._actions if a.dest == "budget")
     assert "opt-tree/hybrid: 24" in budget_help and "tsd/gsd/dyspec: 32" in budget_help
+
+
+def test_a_frozen_tree_reads_as_python_numbers_and_as_arrays():
+    """``DraftTree`` keeps its columns as tuples of Python numbers (what the step reads between decodes)
+    and builds each array once, on first use, with the same values and dtypes as before."""
+    builder = TreeBuilder(7)
+    a = builder.add(0, 11, 0.5)
+    builder.add(a, 12, 0.25, copied=True)
+    builder.add(0, 13, 0.125, merged=True)
+    builder.set_children_rule(0, ChildRule.TOP)
+    tree = builder.freeze()
+    assert tree.token_ids == (7, 11, 12, 13) and all(type(t) is int for t in tree.token_ids)
+    assert tree.parent_ids == (-1, 0, 1, 0) and tree.depths == (0, 1, 2, 1) and tree.height == 2
+    assert tree.path_probs == (1.0, 0.5, 0.125, 0.125)
+    assert tree.merged_flags == (False, False, False, True)
+    assert tree.copied_flags == (False, False, True, False)
+    columns = {
+        "tokens": np.int32, "parents": np.int32, "depth": np.int32, "draft_prob": np.float64,
+        "path_prob": np.float64, "merged": np.bool_, "copied": np.bool_, "child_rule": np.int8,
+    }  # fmt: skip
+    for name, dtype in columns.items():
+        array = getattr(tree, name)
+        assert array.dtype == dtype and array is getattr(tree, name)  # built once
+    assert tree.tokens.tolist() == list(tree.token_ids) and tree.child_rule.tolist() == [1, 0, 0, 0]
+    assert tree.path(2) == [0, 1, 2] and tree.path_tokens(2) == [7, 11, 12] and tree.leaves == [2, 3]

@@ -29,7 +29,7 @@ def test_bad_arguments_are_errors_not_crashes():
         _verify.greedy_verify(0, *args[1:])  # a NULL context never reaches llama.cpp
     for at, bad in [
         (5, I32([])),  # no node
-        (5, np.array([5, 6], np.int64)),  # not int32
+        (5, ["5", 6]),  # not an int
         (6, I32([0, 0])),  # the root has a parent
         (6, I32([-1, 1])),  # a parent after its child
         (7, np.zeros(3, np.int8)),  # one rule too many
@@ -40,8 +40,12 @@ def test_bad_arguments_are_errors_not_crashes():
     ]:
         broken = list(args)
         broken[at] = bad
-        with pytest.raises(ValueError):
+        with pytest.raises((ValueError, TypeError)):
             _verify.greedy_verify(*broken)
+    broken = list(args)
+    broken[5] = [5, 2**40]
+    with pytest.raises(OverflowError, match="int32"):  # a token that does not fit
+        _verify.greedy_verify(*broken)
     with pytest.raises(ValueError, match="four function addresses"):
         _verify.bind(1, 1, 1, 0)
 

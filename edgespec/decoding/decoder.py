@@ -206,11 +206,11 @@ def speculative_step(
         accepted_path=verdict.path,
         verified_nodes=tree.size,
         draft_decodes=draft.decodes,
-        depth=int(tree.depth.max()) if tree.size > 1 else 0,
-        leaves=len(tree.leaves) if tree.size > 1 else 1,
+        depth=tree.height,
+        leaves=len(tree.leaves),
         expected_accept=tree.stats.expected_accept,
         merges=tree.stats.merges,
-        graph_success=tree.size > 1 and bool(tree.merged[list(verdict.path)].any()),
+        graph_success=any(tree.merged_flags[node] for node in verdict.path),
     )
     planner.observe(event)  # planners that learn from outcomes (auto, the copiers' acceptance rates)
     return _Step(emitted, verdict.next_token, event)
@@ -295,7 +295,7 @@ def provenance(tree: DraftTree, verdict: Verdict, path_margins: list[float]) -> 
     """The committed tokens: accepted drafts (decided at their parent's row), then the target's own;
     each with the target's margin at the row that decided it (``path_margins``: from ``decide``)."""
     emitted = [
-        EmittedToken(int(tree.tokens[node]), _source(tree, node), margin)
+        EmittedToken(tree.token_ids[node], _source(tree, node), margin)
         for node, margin in zip(verdict.path[1:], path_margins)
     ]
     emitted.append(EmittedToken(verdict.next_token, Provenance.TARGET, path_margins[-1]))
@@ -305,6 +305,6 @@ def provenance(tree: DraftTree, verdict: Verdict, path_margins: list[float]) -> 
 def _source(tree: DraftTree, node: int) -> Provenance:
     """Who proposed an accepted node: a GSD replica, a copy from the conversation (also when the
     draft proposed it too: copying alone would have), or the draft."""
-    if tree.merged[node]:
+    if tree.merged_flags[node]:
         return Provenance.MERGED
-    return Provenance.COPIED if tree.copied[node] else Provenance.DRAFT
+    return Provenance.COPIED if tree.copied_flags[node] else Provenance.DRAFT

@@ -37,7 +37,7 @@ def verify_greedy(tree: DraftTree, argmax_at: Callable[[int], int]) -> Verdict:
 
     def step(node: int) -> tuple[int | None, int]:
         best = argmax_at(node)
-        return next((c for c in tree.children(node) if tree.tokens[c] == best), None), best
+        return next((c for c in tree.children(node) if tree.token_ids[c] == best), None), best
 
     return _walk(tree, [0], step)
 
@@ -55,7 +55,7 @@ def verify_sampling(
     def step(node: int) -> tuple[int | None, int | None]:
         p = target_p_at(node).copy()
         children = tree.children(node)
-        if children and tree.child_rule[node] == ChildRule.SAMPLED:
+        if children and tree.child_rules[node] == ChildRule.SAMPLED:
             accepted = _residual_rule(tree, node, children, p, rng)
         elif children:
             accepted = _one_hot_rule(tree, children, p, rng)
@@ -76,7 +76,7 @@ def _walk(tree: DraftTree, path: list[int], step: Callable[[int], tuple[int | No
     """
     while True:
         node = path[-1]
-        if tree.child_rule[node] == ChildRule.LONGEST:
+        if tree.child_rules[node] == ChildRule.LONGEST:
             branches = [_walk(tree, [*path, child], step) for child in tree.children(node)]
             return max(branches, key=lambda verdict: len(verdict.path))  # max keeps the first of equals
         accepted, token = step(node)
@@ -98,7 +98,7 @@ def _residual_rule(
     q_ids = dist.ids
     q = dist.sampling_q().copy()
     for child in children:
-        token = int(tree.tokens[child])
+        token = tree.token_ids[child]
         slot = np.flatnonzero(q_ids == token)
         if slot.size == 0 or q[slot[0]] <= 0.0:
             raise ValueError(f"node {child}: token {token} was not drawn from its parent's q (planner bug)")
@@ -125,7 +125,7 @@ def _one_hot_rule(
     rule with a one-hot q. ``p`` is updated in place.
     """
     for child in children:
-        token = int(tree.tokens[child])
+        token = tree.token_ids[child]
         if rng.random() < p[token]:
             return child
         p[token] = 0.0  # reached only when p(x) < 1, so something is left to renormalise

@@ -12,8 +12,6 @@ import ctypes
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from ..errors import EngineError
 from . import _chain, _dyspec, _opt_tree, _verify
 from ._backend import address
@@ -87,15 +85,15 @@ class CompiledLoops:
         )  # fmt: skip
 
     def greedy_verify(
-        self, tokens: np.ndarray, parents: np.ndarray, child_rule: np.ndarray, first_position: int,
-        seq_counts: np.ndarray, seq_ids: np.ndarray,
+        self, tokens: Sequence[int], parents: Sequence[int], child_rule: Sequence[int], first_position: int,
+        seq_counts: Sequence[int], seq_ids: Sequence[int],
     ) -> tuple[list[int], int, list[float]]:  # fmt: skip
         """Decode a packed tree and walk it greedily in one compiled call (``engine/_verify.c``): node i
         at ``first_position`` + its depth in its ``seq_counts[i]`` ids of ``seq_ids``, every row asked
         for. Returns the accepted path (node indices, root first), the target's own next token, and its
         top-1 − top-2 margin at each path node. The rows are not kept: ``logits_rows`` still has them."""
-        if tokens.shape[0] > self.settings.n_batch:
-            raise EngineError(f"a batch of {tokens.shape[0]} tokens exceeds n_batch={self.settings.n_batch}")
+        if len(tokens) > self.settings.n_batch:
+            raise EngineError(f"a batch of {len(tokens)} tokens exceeds n_batch={self.settings.n_batch}")
         with self._owner:
             self._live()
             rc, seconds, path, next_token, margins = _verify.greedy_verify(
@@ -109,7 +107,7 @@ class CompiledLoops:
         if rc == -2:
             raise EngineError("llama.cpp returned no logits row for a verified node (please report this)")
         if rc != 0:
-            raise EngineError(_decode_failure(rc, tokens.shape[0], self.n_ctx))
+            raise EngineError(_decode_failure(rc, len(tokens), self.n_ctx))
         return path, next_token, margins
 
     def _draft_in_c(self, n_first: int, n_later: int, call) -> tuple:

@@ -22,25 +22,9 @@
 
 #define CHILD_RULE_LONGEST 3 /* planner/tree.py's ChildRule.LONGEST */
 
-/* A 1-d C-contiguous buffer of `itemsize`-byte integers (format: its struct letter, native order). */
-static int int_buffer(PyObject *obj, Py_buffer *view, char format, Py_ssize_t itemsize, const char *name)
-{
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
-        return -1;
-    const char *got = view->format ? view->format : "B";
-    if (got[0] && strchr("@=<", got[0]) && got[1])
-        got++;
-    if (view->ndim != 1 || view->itemsize != itemsize || got[0] != format || got[1]) {
-        PyErr_Format(PyExc_ValueError, "%s: expected a 1-d contiguous array of %zd-byte integers", name, itemsize);
-        PyBuffer_Release(view);
-        return -1;
-    }
-    return 0;
-}
-
 typedef struct {
     const int32_t *tokens, *parents;
-    const int8_t *child_rule;
+    const int32_t *child_rule;
     Py_ssize_t n, n_vocab;
     int32_t *path; /* out: accepted nodes, root first */
     double *margins; /* out: the target's top-1 − top-2 at each path node's row */
@@ -89,9 +73,10 @@ static void decode_and_walk(void *ctx, llama_batch *batch, Walk *w)
 /* greedy_verify(ctx, batch, n_batch, n_seq_max, n_vocab, tokens, parents, child_rule, first_position,
  *               seq_counts, seq_ids[, helper]) -> (rc, seconds, path, next_token, margins)
  *
- * The batch: node i (tokens[i], int32) at first_position + depth(i), in the seq_counts[i] sequence ids
- * that follow in seq_ids (int32, node after node), every row asked for; parents (int32): parents[0] = -1,
- * parents[i] < i; child_rule (int8): ChildRule per node. Then the walk above: path (node indices, root
+ * Every column is a sequence of ints (tuples, as DraftTree and TreeLayout keep them: no array is built
+ * between the draft's decodes and this call). The batch: node i (tokens[i]) at first_position + depth(i),
+ * in the seq_counts[i] sequence ids that follow in seq_ids (node after node), every row asked for;
+ * parents: parents[0] = -1, parents[i] < i; child_rule: ChildRule per node. Then the walk above: path (node indices, root
  * first) and margins (one per path node) as lists. rc ≠ 0: see Walk; path and margins hold what was
  * walked before. */
 static PyObject *greedy_verify(PyObject *self, PyObject *args)
@@ -103,23 +88,22 @@ static PyObject *greedy_verify(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "KKnnnOOOiOO|p", &ctx_address, &batch_address, &n_batch, &n_seq_max, &n_vocab,
                           &objects[0], &objects[1], &objects[2], &first_position, &objects[3], &objects[4], &helper))
         return NULL;
-    static const char formats[5] = {'i', 'i', 'b', 'i', 'i'};
-    static const Py_ssize_t sizes[5] = {4, 4, 1, 4, 4};
     static const char *names[5] = {"tokens", "parents", "child_rule", "seq_counts", "seq_ids"};
-    Py_buffer views[5];
-    int acquired = 0;
-    while (acquired < 5 && int_buffer(objects[acquired], &views[acquired], formats[acquired], sizes[acquired],
-                                      names[acquired]) == 0)
-        acquired++;
+    int32_t *columns[5] = {NULL};
+    Py_ssize_t lengths[5];
+    int converted = 0;
+    while (converted < 5 && (columns[converted] = int32_array(objects[converted], names[converted],
+                                                              &lengths[converted])) != NULL)
+        converted++;
     PyObject *result = NULL;
     Walk w = {0};
     int32_t *depth = NULL;
-    if (acquired < 5)
+    if (converted < 5)
         goto out;
-    Py_ssize_t n = views[0].shape[0], n_ids = views[4].shape[0];
-    const int32_t *parents = views[1].buf, *counts = views[3].buf, *ids = views[4].buf;
+    Py_ssize_t n = lengths[0], n_ids = lengths[4];
+    const int32_t *parents = columns[1], *counts = columns[3], *ids = columns[4];
     const char *problem = NULL;
-    if (n < 1 || n > n_batch || views[1].shape[0] != n || views[2].shape[0] != n || views[3].shape[0] != n)
+    if (n < 1 || n > n_batch || lengths[1] != n || lengths[2] != n || lengths[3] != n)
         problem = "greedy_verify(): tokens, parents, child_rule and seq_counts need one entry per node (1 to n_batch)";
     else if (n_vocab < 1 || first_position < 0)
         problem = "greedy_verify(): n_vocab or first_position out of range";
@@ -155,7 +139,7 @@ static PyObject *greedy_verify(PyObject *self, PyObject *args)
         goto out;
     }
     llama_batch *batch = (llama_batch *)(uintptr_t)batch_address;
-    const int32_t *tokens = views[0].buf;
+    const int32_t *tokens = columns[0];
     offset = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         batch->token[i] = tokens[i];
@@ -168,7 +152,7 @@ static PyObject *greedy_verify(PyObject *self, PyObject *args)
     batch->n_tokens = (int32_t)n;
     w.tokens = tokens;
     w.parents = parents;
-    w.child_rule = views[2].buf;
+    w.child_rule = columns[2];
     w.n = n;
     w.n_vocab = n_vocab;
     Py_BEGIN_ALLOW_THREADS
@@ -183,8 +167,8 @@ static PyObject *greedy_verify(PyObject *self, PyObject *args)
     result = Py_BuildValue("(idNiN)", w.rc, w.seconds, int32_list(w.path, w.path_length), (int)w.next_token,
                            double_list(w.margins, w.path_length));
 out:
-    while (acquired > 0)
-        PyBuffer_Release(&views[--acquired]);
+    while (converted > 0)
+        free(columns[--converted]);
     free(depth);
     free(w.path);
     free(w.margins);

@@ -266,7 +266,7 @@ class Draft(CachedModel):
 
     def commit(self, tree: DraftTree, path: Sequence[int], next_token: int) -> None:
         """Keep the decoded part of the accepted path; queue the rest and the new root."""
-        path_tokens = [int(tree.tokens[node]) for node in path]
+        path_tokens = [tree.token_ids[node] for node in path]
         accepted_tokens = path_tokens[1:]
         if not self._path_seq:  # nothing was drafted: the old root is still pending too
             self.pending.extend(accepted_tokens + [int(next_token)])

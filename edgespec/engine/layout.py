@@ -9,6 +9,7 @@ it), whichever of its ids llama.cpp picks. The committed prefix carries every id
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -19,15 +20,17 @@ import numpy as np
 class TreeLayout:
     depth: np.ndarray  # (n,) position offset of each node from the root
     seq_ids: tuple[tuple[int, ...], ...]  # per node: the leaf ids below it (its sequence ids)
-    leaf_below: np.ndarray  # (n,) one leaf id below each node: the sequence kept when it is accepted
+    leaf_below: tuple[int, ...]  # one leaf id below each node: the sequence kept when it is accepted
     n_leaves: int
-    seq_counts: np.ndarray  # (n,) int32: len(seq_ids[i]) — seq_ids flattened for the compiled verifier
-    seq_flat: np.ndarray  # int32: seq_ids[0], then seq_ids[1], …
+    seq_counts: tuple[int, ...]  # len(seq_ids[i]) — seq_ids flattened for the compiled verifier
+    seq_flat: tuple[int, ...]  # seq_ids[0], then seq_ids[1], …
 
 
-def tree_layout(parents: np.ndarray) -> TreeLayout:
-    """Layout of a tree given parent indices (parents[0] == -1, parents[i] < i)."""
-    return _layout_cached(tuple(parents.tolist()))  # one C call: a loop over numpy ints costs ~20× more
+def tree_layout(parents: Sequence[int]) -> TreeLayout:
+    """Layout of a tree given parent indices (parents[0] == -1, parents[i] < i): a tuple of ints
+    (``DraftTree.parent_ids``), or an array (converted in one C call: a loop over numpy ints costs ~20×
+    more)."""
+    return _layout_cached(tuple(parents.tolist()) if isinstance(parents, np.ndarray) else tuple(parents))
 
 
 @lru_cache(maxsize=256)
@@ -53,8 +56,8 @@ def _layout_cached(parents: tuple[int, ...]) -> TreeLayout:
     return TreeLayout(
         np.array(depth, dtype=np.int32),
         tuple(tuple(x) for x in ids),
-        np.array(leaf_below, dtype=np.int32),
+        tuple(leaf_below),
         len(leaves),
-        np.array([len(x) for x in ids], dtype=np.int32),
-        np.array([s for x in ids for s in x], dtype=np.int32),
+        tuple(len(x) for x in ids),
+        tuple(s for x in ids for s in x),
     )

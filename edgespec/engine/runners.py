@@ -109,7 +109,7 @@ class Target(CachedModel):
         ``root_row``: the root is already committed by ``decode_root`` (mcsd-target-init) and this is
         its row; only the drafted nodes are packed, at the same positions and sequence ids.
         """
-        layout = tree_layout(tree.parents)
+        layout = tree_layout(tree.parent_ids)
         self._tag_prefix(layout.n_leaves, len(self.committed))  # every leaf id sees the prefix
         if root_row is not None:
             if tree.size == 1:
@@ -118,7 +118,7 @@ class Target(CachedModel):
             self.ctx.decode(tree.tokens[1:], base + layout.depth[1:], layout.seq_ids[1:], [True] * n)
             return layout, np.vstack([root_row[None, :], self.ctx.logits_rows(n)])
         if tree.size == 1:  # nothing drafted: plain decoding, committed at once
-            return layout, self.decode_root(int(tree.tokens[0]))[None, :]
+            return layout, self.decode_root(tree.token_ids[0])[None, :]
         base = len(self.committed)
         self.ctx.decode(tree.tokens, base + layout.depth, layout.seq_ids, [True] * tree.size)
         return layout, self.ctx.logits_rows(tree.size)
@@ -128,10 +128,10 @@ class Target(CachedModel):
         verdict as ``decoding.decoder.decide`` at temperature 0). Returns the layout, the accepted path
         (root first), the target's next token and its margin at each path node. For trees of two or
         more nodes whose root is not committed, without LONGEST nodes."""
-        layout = tree_layout(tree.parents)
+        layout = tree_layout(tree.parent_ids)
         self._tag_prefix(layout.n_leaves, len(self.committed))  # every leaf id sees the prefix
         path, next_token, margins = self.ctx.greedy_verify(
-            tree.tokens, tree.parents, tree.child_rule, len(self.committed), layout.seq_counts,
+            tree.token_ids, tree.parent_ids, tree.child_rules, len(self.committed), layout.seq_counts,
             layout.seq_flat,
         )  # fmt: skip
         return layout, tuple(path), next_token, margins
@@ -145,6 +145,6 @@ class Target(CachedModel):
             return
         skip = int(root_committed)
         base = len(self.committed) - skip  # the root's position
-        leaf = int(layout.leaf_below[path[-1]])
+        leaf = layout.leaf_below[path[-1]]
         self._keep_branch(leaf, range(layout.n_leaves), base + skip, base + len(path))
-        self.committed.extend(int(tree.tokens[node]) for node in path[skip:])
+        self.committed.extend(tree.token_ids[node] for node in path[skip:])

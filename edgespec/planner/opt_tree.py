@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import params
-from .costmodel import CostModel, best_size
+from .costmodel import CostModel
 from .params import param
 from .tree import ChildRule, Drafter, DraftTree, PlanContext, Planner, PlanStats, TreeBuilder
 from .tsd import best_by_path_prob
@@ -146,6 +146,30 @@ def _next_layer(tree: TreeBuilder, layer: list[int], dists, n: int) -> tuple[lis
     return added, top_n
 
 
+@dataclass(frozen=True)
+class FinalSizing:
+    """What step 4 needs with the cost curves: ``costmodel.best_size`` in plain Python on numbers taken
+    once per n (a step's few numpy calls cost tens of µs each on a CPU, run cold after the draft's
+    decodes; these loops are the same arithmetic in the same order, so the same m)."""
+
+    level_seconds: tuple[float, ...]  # c_d(m), m = 0 … n: a draft level of m nodes
+    overhead: float  # the cost model's Python per step
+    verify_seconds: tuple[float, ...]  # c_t(m + 1), m = 0 … n: verifying the root and m draft tokens
+
+    def best_m(self, path_prob: list[float], ranked: list[int], levels: list[int]) -> int:
+        """The m ≤ len(ranked) whose top-m tree (``ranked``: nodes by p̂, largest first) has the best
+        expected rate (1 + E_m) / (drafting + overhead + c_t(m + 1)), E_m = Σ p̂ of the first m, after
+        the draft ``levels`` (their sizes); ties go to the smaller tree."""
+        spent = sum(self.level_seconds[size] for size in levels)  # seconds of draft levels
+        best_m, best_rate, e = 0, 1.0 / (spent + self.overhead + self.verify_seconds[0]), 0.0
+        for m, node in enumerate(ranked, start=1):
+            e += path_prob[node]  # E_m, summed in order as np.cumsum does
+            rate = (1.0 + e) / (spent + self.overhead + self.verify_seconds[m])
+            if rate > best_rate:
+                best_m, best_rate = m, rate
+        return best_m
+
+
 def worth_drafting(tree: TreeBuilder, layer: list[int], level_cost: tuple[float, ...] | None) -> list[int]:
     """The m best nodes of the next layer whose expansion can pay for its level (all without costs).
 
@@ -184,10 +208,11 @@ class OptTreePlanner(Planner):
         choices=("paying", "all"),
     )
     costs: CostModel | None = field(default=None, compare=False, repr=False)  # the pair's cost profile
-    # levels() per (n, capacity): the same every step (a few numpy calls saved per step)
+    # levels() per (n, capacity) and sizing() per n: the same every step (no numpy call in a step)
     _levels: dict[tuple[int, int], OptTreeLevels] = field(
         default_factory=dict, init=False, compare=False, repr=False
     )
+    _sizing: dict[int, FinalSizing] = field(default_factory=dict, init=False, compare=False, repr=False)
     name = "opt-tree"
     wants_costs = True
 
@@ -197,6 +222,7 @@ class OptTreePlanner(Planner):
         """Take μ from the pair's cost profile: its draft level and target verify curves."""
         self.costs = costs
         self._levels.clear()
+        self._sizing.clear()
 
     def threshold(self, level: int, n: int) -> float:
         """δ, the gain in E(A) that pays for a draft level of ``level`` nodes in a tree of n draft
@@ -220,11 +246,10 @@ class OptTreePlanner(Planner):
         tree = TreeBuilder(root_token)
         n = min(self.budget, ctx.max_nodes - 1)
         levels = drafter.grow_opt_tree(tree, self.levels(n, ctx.max_nodes - 1)) if n > 0 else []
-        # seconds of draft levels, from the cost curves
-        drafting = sum(self.costs.d(size) for size in levels) if self.costs is not None else 0.0
         # the nodes by p̂, largest first (a stable sort: ties go to the older node), as top_nodes ranks them
         ranked = sorted(range(1, tree.size), key=tree.path_prob.__getitem__, reverse=True)
-        out = subtree(tree, sorted(ranked[: self._final_size(tree, ranked, n, drafting)]))
+        m = self.sizing(n).best_m(tree.path_prob, ranked[:n], levels) if self.costs is not None else n
+        out = subtree(tree, sorted(ranked[:m]))
         stats = PlanStats(
             draft_decodes=len(levels),
             drafted_nodes=sum(levels),
@@ -251,10 +276,13 @@ class OptTreePlanner(Planner):
         self._levels[n, capacity] = levels
         return levels
 
-    def _final_size(self, tree: TreeBuilder, ranked: list[int], n: int, drafting: float) -> int:
-        """n; with the cost curves, the m ≤ n whose top-m tree (``ranked``: nodes by p̂) has the best
-        expected rate."""
-        if self.costs is None:
-            return n
-        best_phat = np.array([tree.path_prob[node] for node in ranked[:n]])
-        return best_size(0.0, 0, best_phat, drafting, 1.0, self.costs, n).m
+    def sizing(self, n: int) -> FinalSizing:
+        """Step 4's numbers for trees of at most n draft tokens, from the cost curves."""
+        if n not in self._sizing:
+            costs = self.costs
+            self._sizing[n] = FinalSizing(
+                tuple(costs.d(m) for m in range(n + 1)),
+                costs.overhead,
+                tuple(costs.t(m + 1) for m in range(n + 1)),
+            )
+        return self._sizing[n]

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
+from functools import cached_property
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import numpy as np
@@ -67,27 +68,73 @@ class PlanStats:
 
 @dataclass(frozen=True)
 class DraftTree:
-    tokens: np.ndarray  # (n,) int32; tokens[0] is the pending root token
-    parents: np.ndarray  # (n,) int32; parents[0] == -1, parents[i] < i
-    depth: np.ndarray  # (n,) int32; depth[0] == 0
-    draft_prob: np.ndarray  # (n,) float64; q(token | path to parent) under the draft; 1.0 at the root
-    path_prob: np.ndarray  # (n,) float64; p̂ = product of draft_prob along the path (root: 1.0)
-    merged: np.ndarray  # (n,) bool; GSD: node replicated from a merged subtree, not drafted again
-    copied: np.ndarray  # (n,) bool; proposed by copying from the conversation (n-gram match), not the draft
-    child_rule: np.ndarray  # (n,) int8 ChildRule of each node's children
+    """A planner's finished tree. Its columns are tuples of Python numbers — what the step's bookkeeping
+    reads between decodes — with numpy arrays of them built on first use (``tokens``, ``parents``, …)
+    for the planners and verifiers that compute on whole columns.
+
+    Why both: on a CPU each decode streams the model's weights through the caches and the code after it
+    runs cold; there a numpy scalar read or a small reduction costs tens of µs (``depth.max()`` measured
+    70 µs right after a target decode, against ~1 µs warm), a tuple read well under one."""
+
+    token_ids: tuple[int, ...]  # token_ids[0] is the pending root token
+    parent_ids: tuple[int, ...]  # parent_ids[0] == -1, parent_ids[i] < i
+    depths: tuple[int, ...]  # depths[0] == 0
+    draft_probs: tuple[float, ...]  # q(token | path to parent) under the draft; 1.0 at the root
+    path_probs: tuple[float, ...]  # p̂ = product of draft_prob along the path (root: 1.0)
+    merged_flags: tuple[bool, ...]  # GSD: node replicated from a merged subtree, not drafted again
+    copied_flags: tuple[bool, ...]  # proposed by copying from the conversation (n-gram match), not the draft
+    child_rules: tuple[int, ...]  # ChildRule of each node's children
     dists: dict[int, SparseDist]  # the draft distribution at each expanded node (for the residual rule)
     stats: PlanStats = field(default_factory=PlanStats)
     _children: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        children: list[list[int]] = [[] for _ in range(self.size)]
-        for node, parent in enumerate(self.parents.tolist()[1:], start=1):
-            children[parent].append(node)
+        children: list[list[int]] = [[] for _ in self.parent_ids]
+        for node in range(1, len(self.parent_ids)):
+            children[self.parent_ids[node]].append(node)
         object.__setattr__(self, "_children", tuple(tuple(c) for c in children))
+
+    # The columns as arrays, built once each on first use.
+    @cached_property
+    def tokens(self) -> np.ndarray:  # (n,) int32
+        return np.asarray(self.token_ids, dtype=np.int32)
+
+    @cached_property
+    def parents(self) -> np.ndarray:  # (n,) int32
+        return np.asarray(self.parent_ids, dtype=np.int32)
+
+    @cached_property
+    def depth(self) -> np.ndarray:  # (n,) int32
+        return np.asarray(self.depths, dtype=np.int32)
+
+    @cached_property
+    def draft_prob(self) -> np.ndarray:  # (n,) float64
+        return np.asarray(self.draft_probs, dtype=np.float64)
+
+    @cached_property
+    def path_prob(self) -> np.ndarray:  # (n,) float64
+        return np.asarray(self.path_probs, dtype=np.float64)
+
+    @cached_property
+    def merged(self) -> np.ndarray:  # (n,) bool
+        return np.asarray(self.merged_flags, dtype=bool)
+
+    @cached_property
+    def copied(self) -> np.ndarray:  # (n,) bool
+        return np.asarray(self.copied_flags, dtype=bool)
+
+    @cached_property
+    def child_rule(self) -> np.ndarray:  # (n,) int8
+        return np.asarray(self.child_rules, dtype=np.int8)
 
     @property
     def size(self) -> int:
-        return int(self.tokens.shape[0])
+        return len(self.token_ids)
+
+    @property
+    def height(self) -> int:
+        """The deepest node's depth (0 for the root alone)."""
+        return max(self.depths)
 
     def children(self, node: int) -> tuple[int, ...]:
         """Children of ``node`` in the order they were chosen."""
@@ -102,11 +149,11 @@ class DraftTree:
         nodes = []
         while node >= 0:
             nodes.append(node)
-            node = int(self.parents[node])
+            node = self.parent_ids[node]
         return nodes[::-1]
 
     def path_tokens(self, node: int) -> list[int]:
-        return [int(self.tokens[i]) for i in self.path(node)]
+        return [self.token_ids[i] for i in self.path(node)]
 
 
 class TreeBuilder:
@@ -173,14 +220,14 @@ class TreeBuilder:
 
     def freeze(self, stats: PlanStats | None = None) -> DraftTree:
         return DraftTree(
-            tokens=np.asarray(self.tokens, dtype=np.int32),
-            parents=np.asarray(self.parents, dtype=np.int32),
-            depth=np.asarray(self.depth, dtype=np.int32),
-            draft_prob=np.asarray(self.draft_prob, dtype=np.float64),
-            path_prob=np.asarray(self.path_prob, dtype=np.float64),
-            merged=np.asarray(self.merged, dtype=bool),
-            copied=np.asarray(self.copied, dtype=bool),
-            child_rule=np.asarray(self.child_rule, dtype=np.int8),
+            token_ids=tuple(self.tokens),
+            parent_ids=tuple(self.parents),
+            depths=tuple(self.depth),
+            draft_probs=tuple(self.draft_prob),
+            path_probs=tuple(self.path_prob),
+            merged_flags=tuple(self.merged),
+            copied_flags=tuple(self.copied),
+            child_rules=tuple(self.child_rule),
             dists=dict(self.dists),
             stats=stats or PlanStats(),
         )
