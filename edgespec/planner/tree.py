@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from functools import cached_property
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import numpy as np
@@ -66,6 +65,24 @@ class PlanStats:
     expected_accept: float = 0.0  # E[A] = Σ p̂ over drafted nodes (predicted accepted draft tokens)
 
 
+class _Column:
+    """A ``DraftTree`` column as a numpy array (dtype ``dtype``), built from its tuple ``source`` on first
+    read and kept in the instance, where later reads find it (a non-data descriptor)."""
+
+    def __init__(self, source: str, dtype):
+        self.source, self.dtype = source, dtype
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, tree, owner=None) -> np.ndarray:
+        if tree is None:
+            return self
+        array = np.asarray(getattr(tree, self.source), dtype=self.dtype)
+        tree.__dict__[self.name] = array  # past the frozen dataclass's __setattr__: a cache, not a field
+        return array
+
+
 @dataclass(frozen=True)
 class DraftTree:
     """A planner's finished tree. Its columns are tuples of Python numbers — what the step's bookkeeping
@@ -95,37 +112,14 @@ class DraftTree:
         object.__setattr__(self, "_children", tuple(tuple(c) for c in children))
 
     # The columns as arrays, built once each on first use.
-    @cached_property
-    def tokens(self) -> np.ndarray:  # (n,) int32
-        return np.asarray(self.token_ids, dtype=np.int32)
-
-    @cached_property
-    def parents(self) -> np.ndarray:  # (n,) int32
-        return np.asarray(self.parent_ids, dtype=np.int32)
-
-    @cached_property
-    def depth(self) -> np.ndarray:  # (n,) int32
-        return np.asarray(self.depths, dtype=np.int32)
-
-    @cached_property
-    def draft_prob(self) -> np.ndarray:  # (n,) float64
-        return np.asarray(self.draft_probs, dtype=np.float64)
-
-    @cached_property
-    def path_prob(self) -> np.ndarray:  # (n,) float64
-        return np.asarray(self.path_probs, dtype=np.float64)
-
-    @cached_property
-    def merged(self) -> np.ndarray:  # (n,) bool
-        return np.asarray(self.merged_flags, dtype=bool)
-
-    @cached_property
-    def copied(self) -> np.ndarray:  # (n,) bool
-        return np.asarray(self.copied_flags, dtype=bool)
-
-    @cached_property
-    def child_rule(self) -> np.ndarray:  # (n,) int8
-        return np.asarray(self.child_rules, dtype=np.int8)
+    tokens = _Column("token_ids", np.int32)
+    parents = _Column("parent_ids", np.int32)
+    depth = _Column("depths", np.int32)
+    draft_prob = _Column("draft_probs", np.float64)
+    path_prob = _Column("path_probs", np.float64)
+    merged = _Column("merged_flags", bool)
+    copied = _Column("copied_flags", bool)
+    child_rule = _Column("child_rules", np.int8)
 
     @property
     def size(self) -> int:
