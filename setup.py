@@ -6,6 +6,7 @@
 - ``edgespec.engine._dyspec``: DySpec's greedy tree (Algorithm 1) drafted in one call, the same way.
 - ``edgespec.engine._opt_tree``: OPT-Tree's levels (Algorithm 1) drafted in one call, the same way.
 - ``edgespec.engine._verify``: the target's greedy verification of a tree (pack, decode, walk) in one call.
+- ``edgespec.engine._level``: one draft level (batch, decode, each row's top-k) in one call.
 
 -fno-trapping-math lets the compiler vectorise the clamps; -Wno-psabi quiets a note on the vector
 clones' calling convention (internal functions only). scripts/gpu/build.sh compiles the same files with
@@ -35,4 +36,8 @@ VERIFY = Extension(
     "edgespec.engine._verify", ["edgespec/engine/_verify.c"], depends=NATIVE, extra_compile_args=FLAGS
 )
 
-setup(ext_modules=[ROWS, CHAIN, DYSPEC, OPT_TREE, VERIFY])
+LEVEL = Extension(
+    "edgespec.engine._level", ["edgespec/engine/_level.c"], depends=NATIVE, extra_compile_args=FLAGS
+)
+
+setup(ext_modules=[ROWS, CHAIN, DYSPEC, OPT_TREE, VERIFY, LEVEL])

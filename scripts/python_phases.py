@@ -74,6 +74,7 @@ for owner, name, label in [
 timed(_llama.Context, "greedy_chain", "compiled chain (its decodes out)", decodes_in_c=True)
 timed(_llama.Context, "greedy_tree", "compiled DySpec tree (its decodes out)", decodes_in_c=True)
 timed(_llama.Context, "opt_tree", "compiled OPT-Tree levels (their decodes out)", decodes_in_c=True)
+timed(_llama.Context, "decode_top_k", "compiled level + top-k (its decode out)", decodes_in_c=True)
 timed(_llama.Context, "greedy_verify", "compiled verify (its decode out)", decodes_in_c=True)
 timed(runners.Target, "verify_greedy", "Target.verify_greedy (pack)")
 

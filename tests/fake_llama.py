@@ -204,6 +204,20 @@ class FakeContext:
             len(draft._used_seqs), len(draft.tagged_seqs),
         )  # fmt: skip
 
+    def decode_top_k(self, tokens, positions, seq_counts, seq_ids, n_rows, k, temp, vocab_limit, banned):
+        """The compiled level's contract (``Context.decode_top_k``, engine/_level.c): this decode, then
+        ``draft_dists`` of its last ``n_rows`` rows, in the C call's shape."""
+        ends = np.cumsum(seq_counts)
+        ids_per_token = [tuple(seq_ids[end - count : end]) for end, count in zip(ends, seq_counts)]
+        n = len(tokens)
+        self.decode(tokens, positions, ids_per_token, [i >= n - n_rows for i in range(n)])
+        dists = draft_dists(self.logits_rows(n_rows), k, temp, vocab_limit, banned)
+        ids = np.zeros((n_rows, k), dtype=np.int32)
+        probs = np.zeros((n_rows, k), dtype=np.float64)
+        for row, dist in enumerate(dists):
+            ids[row, : dist.ids.size], probs[row, : dist.ids.size] = dist.ids, dist.probs
+        return [dist.ids.size for dist in dists], ids.tobytes(), probs.tobytes()
+
     def greedy_verify(self, tokens, parents, child_rule, first_position, seq_counts, seq_ids) -> tuple:
         """The compiled verifier's contract (``Context.greedy_verify``, engine/_verify.c): this decode of
         the packed tree, then the greedy walk down its rows."""

@@ -1,6 +1,7 @@
-"""Logits rows read on two cores (``decoding/_row_split.h``): the helper thread reads a row's second half,
-and every result is the same, bit for bit, as one core reading both — for the row kernels alone, under
-concurrent callers, in a forked child, and for whole generations of the compiled and Python drafters."""
+"""Logits rows read on two cores (``decoding/_row_split.h``): the helper thread reads a row's second half
+(and runs the compiled calls' decodes on its core), and every result is the same, bit for bit, as one core
+doing everything — for the row kernels alone, under concurrent callers, in a forked child, and for whole
+generations of the compiled and Python drafters."""
 
 from __future__ import annotations
 
@@ -154,7 +155,7 @@ def test_generations_are_identical_with_the_helper(pair, make_planner, sampling)
         ]  # fmt: skip
 
     alone = steps()
-    before = _rows.row_helper_halves()
+    before, jobs_before = _rows.row_helper_halves(), _rows.row_helper_jobs()
     with pytest.MonkeyPatch.context() as patch:
         for ctx in contexts:  # llama.cpp on one thread, so that the helper has a core to itself
             patch.setattr(ctx, "settings", dataclasses.replace(ctx.settings, row_helper=True))
@@ -167,4 +168,5 @@ def test_generations_are_identical_with_the_helper(pair, make_planner, sampling)
                 llama_cpp.llama_set_n_threads(ctx.ptr, threads, threads)
     assert helped == alone  # every token, provenance, margin, tree size, decode count and E[A]
     assert _rows.row_helper_halves() > before
+    assert _rows.row_helper_jobs() > jobs_before  # decodes ran on the helper's core
     assert any(verified > 2 for _, verified, _, _, _ in alone)

@@ -1,4 +1,5 @@
-/* A logits row read by two cores: the first half of its blocks here, the second by a helper thread.
+/* A logits row read by two cores: the first half of its blocks here, the second by a helper thread; and a
+ * model's decode run on the helper's core while the caller waits.
  *
  * Why: a row's pass (block maxima and Σ exp) costs ~50 µs right after a decode (~35 µs of it the exp, the
  * rest cache misses: the decode streamed the weights through the caches). Two cores halve it: 50 → 31 µs
@@ -6,17 +7,26 @@
  * fewer threads than the machine has (`--threads 1` on two cores; a GPU's host), and the compiled loops
  * are where the rows are read.
  *
+ * The decode (row_helper_run): on one thread, llama.cpp computes on the calling thread, and streaming the
+ * weights through that core's caches evicts what the caller was doing — the interpreter, the planner's
+ * objects. Whatever Python runs after a CPU decode ran cold: a fixed bit of bookkeeping took ~110 µs after a
+ * decode on its own core, ~65 µs after one on the other core, ~25 µs warm (2.6 GHz Xeon, issue 12). Run on
+ * the helper's core, the decode streams the weights through that core's caches instead; the caller spins
+ * (its caches keep its state) and the decode computes the same numbers (the same code, the same single
+ * thread's order), so every result is the same, bit for bit.
+ *
  * One helper per process, owned by decoding/_rows.c (ROW_HELPER_THREAD defined there) and shared with the
  * engine's modules through a capsule (row_helper_import in their init): a chain's call and the verify
  * call after it find the same thread. A compiled call arms it before its first decode and disarms it at
- * its end; the helper polls for halves while armed and for ROW_HELPER_GRACE after, then sleeps — a thread
+ * its end; the helper polls for tasks while armed and for ROW_HELPER_GRACE after, then sleeps — a thread
  * woken from sleep costs its waker ~45 µs on a VM, more than a chain's rows save, so between calls a few
  * hundred µs apart it spins, on a core that was idle.
  *
- * A half is posted, taken (by the helper, or by the poster itself when the helper stopped polling), done.
- * One poster at a time (busy); any other caller, and any caller while the helper sleeps, reads both halves
- * itself. Same result either way, bit for bit: the row's Σ is always the first half's plus the second's
- * (the helper runs _rows.c's copy of blocks_pass: the same source, flags and vector clone).
+ * A task (a half, or a job: a function and its argument) is posted, taken (by the helper, or by the poster
+ * itself when the helper stopped polling), done. One poster at a time (busy); any other caller, and any
+ * caller while the helper sleeps, does the work itself. Same result either way, bit for bit: the row's Σ is
+ * always the first half's plus the second's (the helper runs _rows.c's copy of blocks_pass: the same
+ * source, flags and vector clone), and a job is the same call wherever it runs.
  * Include after blocks_pass is defined (_row_kernels.h does). */
 #ifndef EDGESPEC_ROW_SPLIT_H
 #define EDGESPEC_ROW_SPLIT_H
@@ -49,7 +59,11 @@ typedef struct {
     atomic_int busy;     /* a poster owns the half below */
     atomic_int state;    /* HALF_… */
     atomic_ulong halves; /* halves the helper has read (row_helper_halves(), for tests) */
-    /* the posted half (written before HALF_POSTED, read after) and its Σ (written before HALF_DONE) */
+    atomic_ulong jobs;   /* jobs the helper has run (row_helper_jobs(), for tests) */
+    /* the posted task (written before HALF_POSTED, read after): a job (when `job` is set) or a half, and the
+     * half's Σ (written before HALF_DONE) */
+    void (*job)(void *);
+    void *job_arg;
     const float *row;
     Py_ssize_t n;
     float *block_max;
@@ -60,15 +74,21 @@ typedef struct {
 
 #define ROW_HELPER_CAPSULE "edgespec.decoding._rows.row_helper"
 
-/* Take the posted half (helper or poster: whoever swaps POSTED → TAKEN) and read it. */
-static int take_half(RowHelper *h)
+enum { TASK_NONE, TASK_HALF, TASK_JOB };
+
+/* Take the posted task (helper or poster: whoever swaps POSTED → TAKEN) and do it; returns what it was. */
+static int take_task(RowHelper *h)
 {
     int posted = HALF_POSTED;
     if (!atomic_compare_exchange_strong(&h->state, &posted, HALF_TAKEN))
-        return 0;
-    h->sum = blocks_pass(h->row, h->n, h->block_max, h->want_sum);
+        return TASK_NONE;
+    int task = h->job ? TASK_JOB : TASK_HALF;
+    if (task == TASK_JOB)
+        h->job(h->job_arg);
+    else
+        h->sum = blocks_pass(h->row, h->n, h->block_max, h->want_sum);
     atomic_store_explicit(&h->state, HALF_DONE, memory_order_release);
-    return 1;
+    return task;
 }
 
 #ifdef ROW_HELPER_THREAD
@@ -99,8 +119,9 @@ static void *row_helper_main(void *unused)
         atomic_store(&h->spinning, 1);
         double idle_since = 0.0; /* when the last call ended */
         for (;;) {
-            if (atomic_load_explicit(&h->state, memory_order_acquire) == HALF_POSTED && take_half(h)) {
-                atomic_fetch_add(&h->halves, 1);
+            int task = atomic_load_explicit(&h->state, memory_order_acquire) == HALF_POSTED ? take_task(h) : TASK_NONE;
+            if (task != TASK_NONE) {
+                atomic_fetch_add(task == TASK_JOB ? &h->jobs : &h->halves, 1);
             } else if (atomic_load(&h->armed) > 0) {
                 idle_since = 0.0;
             } else if (idle_since == 0.0) {
@@ -110,7 +131,7 @@ static void *row_helper_main(void *unused)
             }
             cpu_relax();
         }
-        atomic_store(&h->spinning, 0); /* a half posted now is read by its poster */
+        atomic_store(&h->spinning, 0); /* a task posted now is done by its poster */
     }
     return NULL;
 }
@@ -126,6 +147,7 @@ static void row_helper_forget(void)
     atomic_store(&h->spinning, 0);
     atomic_store(&h->busy, 0);
     atomic_store(&h->state, HALF_NONE);
+    h->job = NULL;
 }
 
 static void row_helper_arm_owned(void)
@@ -189,17 +211,36 @@ static double row_pass(const float *row, Py_ssize_t n, float *block_max, int wan
     if (!h || !atomic_load(&h->spinning) || atomic_exchange(&h->busy, 1))
         return blocks_pass(row, half, block_max, want_sum) +
                blocks_pass(row + half, rest, block_max + half / BLOCK, want_sum);
-    h->row = row + half, h->n = rest, h->block_max = block_max + half / BLOCK, h->want_sum = want_sum;
+    h->job = NULL, h->row = row + half, h->n = rest, h->block_max = block_max + half / BLOCK;
+    h->want_sum = want_sum;
     atomic_store_explicit(&h->state, HALF_POSTED, memory_order_release);
     double first = blocks_pass(row, half, block_max, want_sum);
     /* wait for the helper's half; if it stopped polling before taking it, read it here */
     while (atomic_load_explicit(&h->state, memory_order_acquire) != HALF_DONE)
-        if (atomic_load(&h->spinning) || !take_half(h))
+        if (atomic_load(&h->spinning) || !take_task(h))
             cpu_relax();
     double second = h->sum;
     atomic_store(&h->state, HALF_NONE);
     atomic_store(&h->busy, 0);
     return first + second;
+}
+
+/* job(arg) on the helper's core when the helper is polling and free, the caller spinning until it is done
+ * (its caches keep what it was doing); here otherwise. Call with the GIL released. */
+static inline void row_helper_run(void (*job)(void *), void *arg)
+{
+    RowHelper *h = row_helper;
+    if (!h || !atomic_load(&h->spinning) || atomic_exchange(&h->busy, 1)) {
+        job(arg);
+        return;
+    }
+    h->job = job, h->job_arg = arg;
+    atomic_store_explicit(&h->state, HALF_POSTED, memory_order_release);
+    while (atomic_load_explicit(&h->state, memory_order_acquire) != HALF_DONE)
+        if (atomic_load(&h->spinning) || !take_task(h))
+            cpu_relax();
+    atomic_store(&h->state, HALF_NONE);
+    atomic_store(&h->busy, 0);
 }
 
 #endif

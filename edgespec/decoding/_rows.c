@@ -119,6 +119,11 @@ static PyObject *helper_disarm(PyObject *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+static PyObject *helper_jobs(PyObject *self, PyObject *unused)
+{
+    return PyLong_FromUnsignedLong(atomic_load(&row_helper->jobs));
+}
+
 static PyObject *helper_halves(PyObject *self, PyObject *unused)
 {
     return PyLong_FromUnsignedLong(atomic_load(&row_helper->halves));
@@ -135,6 +140,8 @@ static PyMethodDef methods[] = {
      "row_helper_arm(): rows read from now on may have half read by the helper thread (_row_split.h); "
      "pair each call with row_helper_disarm()."},
     {"row_helper_disarm", helper_disarm, METH_NOARGS, "row_helper_disarm(): see row_helper_arm()."},
+    {"row_helper_jobs", helper_jobs, METH_NOARGS,
+     "row_helper_jobs() -> n: jobs (the compiled loops' decodes) the helper thread has run in this process."},
     {"row_helper_halves", helper_halves, METH_NOARGS,
      "row_helper_halves() -> n: row halves the helper thread has read in this process."},
     {NULL, NULL, 0, NULL},

@@ -12,7 +12,7 @@ from functools import cache
 
 import llama_cpp as C
 
-from . import _chain, _dyspec, _opt_tree, _verify
+from . import _chain, _dyspec, _level, _opt_tree, _verify
 
 _BACKEND_READY = False
 
@@ -31,7 +31,7 @@ def _ensure_backend() -> None:
             library.llama_get_logits_ith,
             library.llama_memory_seq_cp,
         )
-        for compiled in (_chain, _dyspec, _opt_tree, _verify):
+        for compiled in (_chain, _dyspec, _opt_tree, _verify, _level):
             compiled.bind(*(address(f) for f in functions))
         _BACKEND_READY = True
 

@@ -1,7 +1,7 @@
 """The compiled loops on a llama context: the draft's greedy chain (``_chain.c``), DySpec's greedy tree
-(``_dyspec.c``), OPT-Tree's levels (``_opt_tree.c``) and the target's greedy verification (``_verify.c``),
-each one call with the GIL released and no Python between its decodes; their failures as ``EngineError``
-with what to do.
+(``_dyspec.c``), OPT-Tree's levels (``_opt_tree.c``), one draft level with its rows' top-k (``_level.c``) and
+the target's greedy verification (``_verify.c``), each one call with the GIL released and no Python between
+its decodes; their failures as ``EngineError`` with what to do.
 
 ``CompiledLoops`` is a part of ``_llama.Context`` (its ``ptr``, ``memory``, batch, settings and lock).
 """
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..errors import EngineError
-from . import _chain, _dyspec, _opt_tree, _verify
+from . import _chain, _dyspec, _level, _opt_tree, _verify
 from ._backend import address
 
 if TYPE_CHECKING:
@@ -109,6 +109,32 @@ class CompiledLoops:
         if rc != 0:
             raise EngineError(_decode_failure(rc, len(tokens), self.n_ctx))
         return path, next_token, margins
+
+    def decode_top_k(
+        self, tokens: Sequence[int], positions: Sequence[int], seq_counts: Sequence[int],
+        seq_ids: Sequence[int], n_rows: int, k: int, temperature: float, vocab_limit: int,
+        banned: Sequence[int],
+    ) -> tuple[list[int], bytes, bytes]:  # fmt: skip
+        """One decode and its last ``n_rows`` rows' top-k in one compiled call (``engine/_level.c``): what
+        ``decode`` + ``logits_rows`` + ``decoding.sampling.draft_dists`` compute, the same numbers. Token i
+        at ``positions[i]`` in its ``seq_counts[i]`` ids of ``seq_ids``; ``banned`` ascending and unique.
+        Returns each row's count of valid candidates, and the ids (int32) and probabilities (float64) as
+        bytes, k per row."""
+        if len(tokens) > self.settings.n_batch:
+            raise EngineError(f"a batch of {len(tokens)} tokens exceeds n_batch={self.settings.n_batch}")
+        with self._owner:
+            self._live()
+            rc, seconds, ids, probs, found = _level.decode_top_k(
+                address(self.ptr), ctypes.addressof(self._batch), self.settings.n_batch,
+                self.settings.n_seq_max, self.n_vocab, tokens, positions, seq_counts, seq_ids, n_rows, k,
+                temperature, vocab_limit, banned, self.settings.row_helper,
+            )  # fmt: skip
+        self.decode_seconds += seconds
+        if rc == -2:
+            raise EngineError("llama.cpp returned no logits row for a drafted token (please report this)")
+        if rc != 0:
+            raise EngineError(_decode_failure(rc, len(tokens), self.n_ctx))
+        return found, ids, probs
 
     def _draft_in_c(self, n_first: int, n_later: int, call) -> tuple:
         """Run a compiled drafting loop on this context: ``call(context address, batch address)`` returns

@@ -139,15 +139,29 @@ static double seconds_now(void)
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+typedef struct {
+    void *ctx;
+    const llama_batch *batch;
+    int32_t rc;
+} DecodeJob;
+
+static void run_decode(void *arg)
+{
+    DecodeJob *job = arg;
+    job->rc = llama_decode(job->ctx, *job->batch);
+    llama_synchronize(job->ctx);
+}
+
 /* One llama_decode of the batch and the wait for it (a GPU backend computes asynchronously: the wait is
- * decode time), added to *seconds. Returns llama_decode's code. */
+ * decode time), added to *seconds; on the row helper's core when it is polling (an armed call: the caller's
+ * caches keep its state, _row_split.h), else here. Returns llama_decode's code. */
 static int32_t timed_decode(void *ctx, const llama_batch *batch, double *seconds)
 {
     double start = seconds_now();
-    int32_t rc = llama_decode(ctx, *batch);
-    llama_synchronize(ctx);
+    DecodeJob job = {ctx, batch, 0};
+    row_helper_run(run_decode, &job);
     *seconds += seconds_now() - start;
-    return rc;
+    return job.rc;
 }
 
 /* Put the first tokens of a drafting call in the batch: at first_position, first_position + 1, …, each in

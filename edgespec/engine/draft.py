@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..decoding.sampling import draft_dists, rows_on_two_cores
+from ..decoding.sampling import draft_dists
 from ..planner.tree import ChildRule, DraftTree, SparseDist, TreeBuilder
 from ._llama import Context
 from .runners import CachedModel
@@ -57,22 +57,36 @@ class Draft(CachedModel):
         self._used_seqs = []
 
     def expand(self, tree: TreeBuilder, nodes: Sequence[int]) -> list[SparseDist]:
-        with rows_on_two_cores(self.ctx.settings.row_helper):
-            start = perf_counter()
-            if list(nodes) == [0]:
-                # The root: catch up on what the target committed last step (accepted tokens the draft
-                # never decoded, then the new root), straight into the committed prefix.
-                row = self.decode_committed(self.pending, want_last=True)
-                self._root_committed(tree)
-                rows = row[None, :]
-            else:
-                rows = self._decode_level(tree, nodes)
-            self.decode_seconds += perf_counter() - start
-            self.decodes += 1
-            dists = draft_dists(rows, self.top_k, self.temperature, self.vocab_limit, self.mask_ids)
+        start = perf_counter()
+        if list(nodes) == [0]:
+            # The root: catch up on what the target committed last step (accepted tokens the draft never
+            # decoded, then the new root), straight into the committed prefix (every tagged id).
+            pending = self._catch_up(room=self.ctx.settings.n_batch)
+            base, tagged = len(self.committed), self.tagged_seqs
+            positions = range(base, base + len(pending))
+            counts, ids = [len(tagged)] * len(pending), tagged * len(pending)  # each token in every tagged id
+            dists = self._decode_top_k(pending, positions, counts, ids, 1)
+            self.committed.extend(pending)
+            self._root_committed(tree)
+        else:
+            dists = self._decode_level(tree, nodes)
+        self.decode_seconds += perf_counter() - start
+        self.decodes += 1
         for node, dist in zip(nodes, dists):
             tree.dists[node] = dist
         return dists
+
+    def _decode_top_k(self, tokens, positions, seq_counts, seq_ids, n_rows: int) -> list[SparseDist]:
+        """One decode and its last ``n_rows`` rows' top-k in one compiled call (``Context.decode_top_k``:
+        the numbers of ``draft_dists`` on its rows), as the rows' distributions."""
+        k = min(self.top_k, self.vocab_limit)
+        found, ids, probs = self.ctx.decode_top_k(
+            tokens, positions, seq_counts, seq_ids, n_rows, k, self.temperature, self.vocab_limit,
+            sorted(set(self.mask_ids)),
+        )  # fmt: skip
+        top_ids = np.frombuffer(ids, np.int32).reshape(n_rows, k)
+        top_p = np.frombuffer(probs, np.float64).reshape(n_rows, k)
+        return [SparseDist(ids=top_ids[r, :n], probs=top_p[r, :n]) for r, n in enumerate(found)]
 
     def greedy_chain(self, tree: TreeBuilder, length: int, p_min: float = 0.0) -> int:
         """The chain of the draft's top tokens below the root, drafted in one compiled call (no Python
@@ -231,7 +245,7 @@ class Draft(CachedModel):
             pending = pending[-room:]
         return pending
 
-    def _decode_level(self, tree: TreeBuilder, nodes: Sequence[int]) -> np.ndarray:
+    def _decode_level(self, tree: TreeBuilder, nodes: Sequence[int]) -> list[SparseDist]:
         seqs = []
         for node in nodes:
             parent = tree.parents[node]
@@ -249,10 +263,10 @@ class Draft(CachedModel):
                     )
             self._node_seq[node] = seq
             self._path_seq[tuple(tree.path_tokens(node))] = seq
-            seqs.append((seq,))
+            seqs.append(seq)
         positions = [self._root_pos + tree.depth[node] for node in nodes]
-        self.ctx.decode([tree.tokens[node] for node in nodes], positions, seqs, [True] * len(nodes))
-        return self.ctx.logits_rows(len(nodes))
+        tokens = [tree.tokens[node] for node in nodes]
+        return self._decode_top_k(tokens, positions, [1] * len(nodes), seqs, len(nodes))
 
     def _fresh_seq(self) -> int:
         seq = len(self._used_seqs)
