@@ -53,7 +53,8 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--no-row-helper",
         action="store_true",
-        help="read logits rows on one core (default: on two when --threads leaves a core idle)",
+        help="read logits rows and decode on one core (default: when --threads leaves a core idle, rows "
+        "are read on two and decodes run on the idle one)",
     )
 
 

@@ -18,6 +18,8 @@ from edgespec.engine import _level
 from edgespec.engine.draft import Draft
 from edgespec.measure.prompts import ENGINE_PROMPTS
 from edgespec.planner.gsd import GSDPlanner
+from edgespec.planner.parallel import ParallelSpecPlanner
+from edgespec.planner.tree import DraftSetup
 from edgespec.planner.tsd import TSDPlanner
 
 
@@ -76,44 +78,48 @@ def decode_top_k_in_python(self, tokens, positions, seq_counts, seq_ids, n_rows)
         (partial(TSDPlanner, budget=12), SamplingParams(temperature=0.8, seed=3), 0),
         # ids never proposed (ParallelSpec's masks): the five the unbanned run proposed most
         (partial(TSDPlanner, budget=12), SamplingParams(), 5),
+        # one pass of the root and four [MASK] tokens (untrained), their five rows, the masks banned
+        (partial(ParallelSpecPlanner, k=4, budget=12, adapter="none"), SamplingParams(), 0),
     ],
-    ids=["tsd", "gsd", "tsd-sampled", "tsd-banned"],
+    ids=["tsd", "gsd", "tsd-sampled", "tsd-banned", "parallelspec"],
 )
 def test_compiled_levels_equal_the_python_path(pair, planner, sampling, ban):
     prompt = chat_prompt(pair, ENGINE_PROMPTS[0])
+    set_up = type(pair).set_up_draft
 
-    def steps(banned=()):
-        request = Request(prompt=prompt, max_tokens=32, sampling=sampling)
-        set_up = type(pair).set_up_draft
+    def steps(decode_top_k, banned=()):
+        """Whole generations with ``decode_top_k`` as ``Draft._decode_top_k``: every step, every level's
+        distributions (bytes), the draft's cells."""
+        levels = []
+
+        def recording(self, *args):
+            dists = decode_top_k(self, *args)
+            levels.append([(d.ids.tobytes(), d.probs.tobytes()) for d in dists])
+            return dists
 
         def set_up_with_banned(setup):  # generate() sets the draft up (no masks) first
-            set_up(pair, setup)
-            pair.draft.mask_ids = tuple(banned)
+            spec = set_up(pair, setup)
+            pair.draft.mask_ids = pair.draft.mask_ids or tuple(banned)
+            return spec
 
+        request = Request(prompt=prompt, max_tokens=32, sampling=sampling)
         with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(Draft, "_decode_top_k", recording)
             patch.setattr(pair, "set_up_draft", set_up_with_banned)
-            events = list(generate(pair, planner(), request))
-        pair.draft.mask_ids = ()
-        runs = [
-            (
-                [(t.id, t.provenance, t.margin) for t in e.tokens],
-                e.verified_nodes,
-                e.draft_decodes,
-                {node: (d.ids.tobytes(), d.probs.tobytes()) for node, d in e.tree.dists.items()},
-            )
-            for e in events
-            if e.tree is not None
-        ]
-        return runs, pair.draft.ctx.seq_state_bytes(0), pair.draft.committed[:]
+            events = generate(pair, planner(), request)
+            runs = [
+                ([(t.id, t.provenance, t.margin) for t in e.tokens], e.verified_nodes, e.draft_decodes)
+                for e in events
+            ]
+        return runs, levels, pair.draft.ctx.seq_state_bytes(0), pair.draft.committed[:]
 
-    def proposed(runs) -> list[int]:
-        return [int(t) for *_, dists in runs for ids, _ in dists.values() for t in np.frombuffer(ids, "<i4")]
+    def proposed(levels) -> set[int]:
+        return {int(t) for level in levels for ids, _ in level for t in np.frombuffer(ids, "<i4")}
 
-    banned = [t for t, _ in Counter(proposed(steps()[0])).most_common(ban)]
-    compiled = steps(banned)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(Draft, "_decode_top_k", decode_top_k_in_python)
-        in_python = steps(banned)
-    assert compiled == in_python  # tokens, margins, trees, every distribution's bytes, the draft's cells
-    assert any(len(dists) > 2 for *_, dists in compiled[0])  # levels of several rows were drafted
-    assert not set(proposed(compiled[0])) & set(banned)
+    banned = [t for t, _ in Counter(proposed(steps(Draft._decode_top_k)[1])).most_common(ban)]
+    compiled = steps(Draft._decode_top_k, banned)
+    in_python = steps(decode_top_k_in_python, banned)
+    assert compiled == in_python  # tokens, margins, trees, every level's distributions, the draft's cells
+    assert any(len(level) > 1 for level in compiled[1])  # levels of several rows were drafted
+    assert not proposed(compiled[1]) & {*banned, *pair.draft.mask_ids}
+    pair.set_up_draft(DraftSetup())  # the session's pair goes back to a plain draft

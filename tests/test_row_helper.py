@@ -19,7 +19,7 @@ from realmodels import chat_prompt
 from edgespec import options
 from edgespec.decoding import _rows
 from edgespec.decoding.decoder import Request, generate
-from edgespec.decoding.sampling import SamplingParams, argmax_margin, draft_dists, rows_on_two_cores
+from edgespec.decoding.sampling import SamplingParams, argmax_margin, draft_dists
 from edgespec.engine.pair import EngineSettings
 from edgespec.measure.prompts import ENGINE_PROMPTS
 from edgespec.planner.chain import ChainPlanner
@@ -46,9 +46,12 @@ def _reduce(rows: np.ndarray, temperature: float) -> list:
 
 def _on_two_cores(work, *args):
     """``work(*args)`` with the helper armed and polling (it wakes in well under 20 ms)."""
-    with rows_on_two_cores(True):
+    _rows.row_helper_arm()
+    try:
         time.sleep(0.02)
         return work(*args)
+    finally:
+        _rows.row_helper_disarm()
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

@@ -11,7 +11,6 @@ the normaliser, with a vectorised float32 exp.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -101,25 +100,6 @@ def draft_dists(
     probs = np.empty((rows.shape[0], k), dtype=np.float64)
     found = _rows.top_k(rows, k, temperature, banned, ids, probs)  # k unless exclude leaves fewer ids
     return [SparseDist(ids=ids[r, :found], probs=probs[r, :found]) for r in range(rows.shape[0])]
-
-
-class _HelperArmed(AbstractContextManager):
-    def __enter__(self) -> None:
-        _rows.row_helper_arm()
-
-    def __exit__(self, *exc) -> None:
-        _rows.row_helper_disarm()
-
-
-_ARMED, _OFF = _HelperArmed(), nullcontext()  # shared: arming counts, so entering one twice nests
-
-
-def rows_on_two_cores(enabled: bool) -> AbstractContextManager:
-    """Rows read inside (``draft_dists``; the compiled loops arm it themselves) may have their second half
-    read by the helper thread on a spare core (``_row_split.h``; the same result either way). Enter before
-    the decode whose rows follow: the helper wakes during it and is polling when they come. Nothing is
-    created per call (it wraps every draft level)."""
-    return _ARMED if enabled else _OFF
 
 
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..decoding.sampling import draft_dists
 from ..planner.tree import ChildRule, DraftTree, SparseDist, TreeBuilder
 from ._llama import Context
 from .runners import CachedModel
@@ -211,15 +210,10 @@ class Draft(CachedModel):
         masks = list(self.mask_ids[:k])
         pending = self._catch_up(room=self.ctx.settings.n_batch - k)
         base = len(self.committed)
-        n = len(pending)
-        self.ctx.decode(
-            pending + masks,
-            range(base, base + n + k),
-            [self.tagged_seqs] * n + [(0,)] * k,
-            [i >= n - 1 for i in range(n + k)],  # the root's row and every mask's
-        )
-        rows = self.ctx.logits_rows(k + 1)  # (k + 1, V)
-        dists = draft_dists(rows, self.top_k, self.temperature, self.vocab_limit, self.mask_ids)
+        n, tagged = len(pending), self.tagged_seqs
+        counts, ids = [len(tagged)] * n + [1] * k, [*tagged * n, *[0] * k]  # pending: every tagged id
+        # the rows of the root and of every mask: the last k + 1 tokens
+        dists = self._decode_top_k(pending + masks, range(base, base + n + k), counts, ids, k + 1)
         self.ctx.seq_rm(-1, base + n)  # the mask cells: the only cells past the root
         self.committed.extend(int(t) for t in pending)
         self._root_committed(tree)  # nothing else was decoded
