@@ -85,27 +85,19 @@ static PyObject *decode_top_k(PyObject *self, PyObject *args)
     const int32_t *positions = columns[1], *counts = columns[2], *ids = columns[3], *banned = columns[4];
     const char *problem = NULL;
     if (n < 1 || n > n_batch || lengths[1] != n || lengths[2] != n)
-        problem = "decode_top_k(): tokens, positions and seq_counts need one entry per token (1 to n_batch)";
+        problem = "tokens, positions and seq_counts need one entry per token (1 to n_batch)";
     else if (n_rows < 1 || n_rows > n || k < 1 || vocab_limit < 1 || vocab_limit > n_vocab || !(temperature > 0.0))
-        problem = "decode_top_k(): n_rows (1 to the tokens), k, vocab_limit (1 to n_vocab) or temperature out of range";
-    Py_ssize_t offset = 0;
-    for (Py_ssize_t i = 0; !problem && i < n; i++) { /* check everything before the batch is touched */
+        problem = "n_rows (1 to the tokens), k, vocab_limit (1 to n_vocab) or temperature out of range";
+    for (Py_ssize_t i = 0; !problem && i < n; i++) /* check everything before the batch is touched */
         if (positions[i] < 0)
-            problem = "decode_top_k(): a negative position";
-        else if (counts[i] < 1 || counts[i] > n_seq_max || offset + counts[i] > n_ids)
-            problem = "decode_top_k(): seq_counts out of range (1 to n_seq_max each, seq_ids as many)";
-        for (Py_ssize_t j = 0; !problem && j < counts[i]; j++)
-            if (ids[offset + j] < 0 || ids[offset + j] >= n_seq_max)
-                problem = "decode_top_k(): a sequence id outside 0 … n_seq_max − 1";
-        offset += problem ? 0 : counts[i];
-    }
-    if (!problem && offset != n_ids)
-        problem = "decode_top_k(): seq_ids has more ids than seq_counts adds up to";
+            problem = "a negative position";
+    if (!problem)
+        problem = seq_ids_problem(counts, n, ids, n_ids, n_seq_max);
     for (Py_ssize_t b = 1; !problem && b < lengths[4]; b++)
         if (banned[b] <= banned[b - 1])
-            problem = "decode_top_k(): banned must be ascending and unique";
+            problem = "banned must be ascending and unique";
     if (problem) {
-        PyErr_SetString(PyExc_ValueError, problem);
+        PyErr_Format(PyExc_ValueError, "decode_top_k(): %s", problem);
         goto out;
     }
     if (!llama_decode || !ctx_address || !batch_address) {
@@ -120,17 +112,7 @@ static PyObject *decode_top_k(PyObject *self, PyObject *args)
         goto out;
     }
     llama_batch *batch = (llama_batch *)(uintptr_t)batch_address;
-    const int32_t *tokens = columns[0];
-    offset = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        batch->token[i] = tokens[i];
-        batch->pos[i] = positions[i];
-        batch->n_seq_id[i] = counts[i];
-        memcpy(batch->seq_id[i], ids + offset, counts[i] * sizeof *ids);
-        batch->logits[i] = i >= n - n_rows;
-        offset += counts[i];
-    }
-    batch->n_tokens = (int32_t)n;
+    fill_batch(batch, columns[0], positions, counts, ids, n, n - n_rows);
     l.n = n, l.n_rows = n_rows, l.k = k, l.vocab_limit = vocab_limit, l.temperature = temperature;
     l.banned = banned, l.n_banned = lengths[4];
     Py_BEGIN_ALLOW_THREADS

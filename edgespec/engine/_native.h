@@ -164,6 +164,38 @@ static int32_t timed_decode(void *ctx, const llama_batch *batch, double *seconds
     return job.rc;
 }
 
+/* NULL when seq_counts (n of them, each 1 … n_seq_max) take exactly the n_ids ids of seq_ids, token after
+ * token, each id in 0 … n_seq_max − 1; else what is wrong. */
+static inline const char *seq_ids_problem(const int32_t *counts, Py_ssize_t n, const int32_t *ids, Py_ssize_t n_ids,
+                                          Py_ssize_t n_seq_max)
+{
+    Py_ssize_t offset = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (counts[i] < 1 || counts[i] > n_seq_max || offset + counts[i] > n_ids)
+            return "seq_counts out of range (1 to n_seq_max each, seq_ids as many)";
+        for (Py_ssize_t j = 0; j < counts[i]; j++)
+            if (ids[offset + j] < 0 || ids[offset + j] >= n_seq_max)
+                return "a sequence id outside 0 … n_seq_max − 1";
+        offset += counts[i];
+    }
+    return offset == n_ids ? NULL : "seq_ids has more ids than seq_counts adds up to";
+}
+
+/* Put n tokens in the batch: token i at positions[i] in the counts[i] ids that follow in ids (token after
+ * token; checked by seq_ids_problem), its row asked for from token first_row on. */
+static inline void fill_batch(llama_batch *batch, const int32_t *tokens, const int32_t *positions,
+                              const int32_t *counts, const int32_t *ids, Py_ssize_t n, Py_ssize_t first_row)
+{
+    for (Py_ssize_t i = 0, offset = 0; i < n; offset += counts[i], i++) {
+        batch->token[i] = tokens[i];
+        batch->pos[i] = positions[i];
+        batch->n_seq_id[i] = counts[i];
+        memcpy(batch->seq_id[i], ids + offset, counts[i] * sizeof *ids);
+        batch->logits[i] = i >= first_row;
+    }
+    batch->n_tokens = (int32_t)n;
+}
+
 /* Put the first tokens of a drafting call in the batch: at first_position, first_position + 1, …, each in
  * every id of seq_ids, the last one's row asked for. */
 static inline void fill_first(llama_batch *batch, const int32_t *tokens, Py_ssize_t n, int32_t first_position,

@@ -97,41 +97,33 @@ static PyObject *greedy_verify(PyObject *self, PyObject *args)
         converted++;
     PyObject *result = NULL;
     Walk w = {0};
-    int32_t *depth = NULL;
+    int32_t *position = NULL;
     if (converted < 5)
         goto out;
     Py_ssize_t n = lengths[0], n_ids = lengths[4];
     const int32_t *parents = columns[1], *counts = columns[3], *ids = columns[4];
     const char *problem = NULL;
     if (n < 1 || n > n_batch || lengths[1] != n || lengths[2] != n || lengths[3] != n)
-        problem = "greedy_verify(): tokens, parents, child_rule and seq_counts need one entry per node (1 to n_batch)";
+        problem = "tokens, parents, child_rule and seq_counts need one entry per node (1 to n_batch)";
     else if (n_vocab < 1 || first_position < 0)
-        problem = "greedy_verify(): n_vocab or first_position out of range";
-    depth = problem ? NULL : malloc(n * sizeof *depth);
+        problem = "n_vocab or first_position out of range";
+    position = problem ? NULL : malloc(n * sizeof *position);
     w.path = problem ? NULL : malloc(n * sizeof *w.path);
     w.margins = problem ? NULL : malloc(n * sizeof *w.margins);
-    if (!problem && (!depth || !w.path || !w.margins)) {
+    if (!problem && (!position || !w.path || !w.margins)) {
         PyErr_NoMemory();
         goto out;
     }
-    Py_ssize_t offset = 0;
     for (Py_ssize_t i = 0; !problem && i < n; i++) { /* check everything before the batch is touched */
         if (i == 0 ? parents[0] != -1 : parents[i] < 0 || parents[i] >= i)
-            problem = "greedy_verify(): parents[0] must be -1 and parents[i] < i";
-        else if (counts[i] < 1 || counts[i] > n_seq_max || offset + counts[i] > n_ids)
-            problem = "greedy_verify(): seq_counts out of range (1 to n_seq_max each, seq_ids as many)";
-        for (Py_ssize_t j = 0; !problem && j < counts[i]; j++)
-            if (ids[offset + j] < 0 || ids[offset + j] >= n_seq_max)
-                problem = "greedy_verify(): a sequence id outside 0 … n_seq_max − 1";
-        if (!problem) {
-            depth[i] = i == 0 ? 0 : depth[parents[i]] + 1;
-            offset += counts[i];
-        }
+            problem = "parents[0] must be -1 and parents[i] < i";
+        else /* the batch's positions: first_position + the node's depth */
+            position[i] = i == 0 ? first_position : position[parents[i]] + 1;
     }
-    if (!problem && offset != n_ids)
-        problem = "greedy_verify(): seq_ids has more ids than seq_counts adds up to";
+    if (!problem)
+        problem = seq_ids_problem(counts, n, ids, n_ids, n_seq_max);
     if (problem) {
-        PyErr_SetString(PyExc_ValueError, problem);
+        PyErr_Format(PyExc_ValueError, "greedy_verify(): %s", problem);
         goto out;
     }
     if (!llama_decode || !ctx_address || !batch_address) {
@@ -140,16 +132,7 @@ static PyObject *greedy_verify(PyObject *self, PyObject *args)
     }
     llama_batch *batch = (llama_batch *)(uintptr_t)batch_address;
     const int32_t *tokens = columns[0];
-    offset = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        batch->token[i] = tokens[i];
-        batch->pos[i] = first_position + depth[i];
-        batch->n_seq_id[i] = counts[i];
-        memcpy(batch->seq_id[i], ids + offset, counts[i] * sizeof *ids);
-        batch->logits[i] = 1;
-        offset += counts[i];
-    }
-    batch->n_tokens = (int32_t)n;
+    fill_batch(batch, tokens, position, counts, ids, n, 0);
     w.tokens = tokens;
     w.parents = parents;
     w.child_rule = columns[2];
@@ -169,7 +152,7 @@ static PyObject *greedy_verify(PyObject *self, PyObject *args)
 out:
     while (converted > 0)
         free(columns[--converted]);
-    free(depth);
+    free(position);
     free(w.path);
     free(w.margins);
     return result;
