@@ -59,19 +59,16 @@ static PyObject *top_k(PyObject *self, PyObject *args)
         problem = "top_k needs a non-empty row, k >= 1 and a temperature > 0";
     else if (ids.shape[0] < n_rows || probs.shape[0] < n_rows || ids.shape[1] < k || probs.shape[1] < k)
         problem = "top_k: the output arrays are smaller than (rows, k)";
-    float *scratch = problem ? NULL : malloc(((n + BLOCK - 1) / BLOCK + k + n_banned) * sizeof(float));
+    float *scratch = problem ? NULL : malloc(row_scratch_floats(n, k, n_banned) * sizeof(float));
     if (!problem && !scratch)
         problem = "top_k: out of memory";
     if (!problem) {
         Py_BEGIN_ALLOW_THREADS;
-        for (Py_ssize_t r = 0; r < n_rows && taken >= 0; r++)
+        for (Py_ssize_t r = 0; r < n_rows; r++)
             taken = row_top_k((const float *)((const char *)rows.buf + r * rows.strides[0]), n, k, temperature,
-                              banned.buf, n_banned, scratch, scratch + (n + BLOCK - 1) / BLOCK,
-                              (int32_t *)((char *)ids.buf + r * ids.strides[0]),
+                              banned.buf, n_banned, scratch, (int32_t *)((char *)ids.buf + r * ids.strides[0]),
                               (double *)((char *)probs.buf + r * probs.strides[0]));
         Py_END_ALLOW_THREADS;
-        if (taken < 0)
-            problem = "top_k: out of memory";
     }
     free(scratch);
     for (int v = 0; v < 4; v++)

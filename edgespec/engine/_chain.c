@@ -33,10 +33,8 @@ typedef struct {
 /* The loop, GIL released: the batch already holds the first decode (the root and any catch-up). */
 static void run_chain(void *ctx, llama_batch *batch, int32_t position, Chain *c)
 {
-    Py_ssize_t n_blocks = (c->vocab_limit + BLOCK - 1) / BLOCK;
-    Py_ssize_t pool = 1 + c->n_banned;
-    float *block_max = malloc(n_blocks * sizeof *block_max), *heap = malloc(pool * sizeof *heap);
-    if (!block_max || !heap) {
+    float *scratch = malloc(row_scratch_floats(c->vocab_limit, 1, c->n_banned) * sizeof *scratch);
+    if (!scratch) {
         c->rc = -1;
         goto done;
     }
@@ -52,12 +50,7 @@ static void run_chain(void *ctx, llama_batch *batch, int32_t position, Chain *c)
         }
         int32_t id;
         double p;
-        Py_ssize_t found = row_top_k(row, c->vocab_limit, 1, c->temperature, c->banned, c->n_banned, block_max,
-                                     heap, &id, &p);
-        if (found < 0) {
-            c->rc = -1;
-            break;
-        }
+        Py_ssize_t found = row_top_k(row, c->vocab_limit, 1, c->temperature, c->banned, c->n_banned, scratch, &id, &p);
         if (found == 0) /* every id banned: nothing to draft */
             break;
         c->tokens[c->drafted] = id;
@@ -73,8 +66,7 @@ static void run_chain(void *ctx, llama_batch *batch, int32_t position, Chain *c)
         batch->logits[0] = 1;
     }
 done:
-    free(block_max);
-    free(heap);
+    free(scratch);
 }
 
 /* greedy_chain(ctx, batch, n_batch, n_seq_max, first_tokens, first_position, first_seq_ids, chain_seq,

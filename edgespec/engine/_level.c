@@ -31,8 +31,7 @@ typedef struct {
 /* The decode and the rows, GIL released: the batch already holds the level; its last n_rows tokens' rows. */
 static void decode_and_reduce(void *ctx, llama_batch *batch, Level *l)
 {
-    Py_ssize_t n_blocks = (l->vocab_limit + BLOCK - 1) / BLOCK;
-    float *scratch = malloc((n_blocks + l->k + l->n_banned) * sizeof *scratch);
+    float *scratch = malloc(row_scratch_floats(l->vocab_limit, l->k, l->n_banned) * sizeof *scratch);
     if (!scratch) {
         l->rc = -1;
         return;
@@ -45,9 +44,7 @@ static void decode_and_reduce(void *ctx, llama_batch *batch, Level *l)
             break;
         }
         l->found[r] = row_top_k(row, l->vocab_limit, l->k, l->temperature, l->banned, l->n_banned, scratch,
-                                scratch + n_blocks, l->ids + r * l->k, l->probs + r * l->k);
-        if (l->found[r] < 0)
-            l->rc = -1;
+                                l->ids + r * l->k, l->probs + r * l->k);
     }
     free(scratch);
 }

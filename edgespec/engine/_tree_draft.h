@@ -10,7 +10,6 @@
 #define EDGESPEC_TREE_DRAFT_H
 
 /* rc values besides llama_decode's own codes */
-#define OUT_OF_MEMORY -1
 #define NO_ROW -2
 #define NO_SEQUENCE -3 /* the tree needs more sequence ids than the context has */
 #define TREE_FULL -5   /* more nodes or evaluations than the call was sized for (a bug) */
@@ -37,8 +36,8 @@ typedef struct {
     Py_ssize_t decodes;
     double seconds;
     int rc;
-    float *block_max, *pool_heap; /* row_top_k's scratch */
-    int32_t *first, *tagged;      /* the first batch's tokens and sequence ids */
+    float *scratch;          /* row_top_k's */
+    int32_t *first, *tagged; /* the first batch's tokens and sequence ids */
 } Tree;
 
 /* The draft's top-k of `row` as node's evaluation, with the mass left before each draw. */
@@ -49,10 +48,7 @@ static int reduce_row(Tree *t, int32_t node, const float *row)
         return TREE_FULL;
     int32_t *ids = t->ids + e * k;
     double *p = t->probs + e * k, *left = t->left + e * k;
-    Py_ssize_t found = row_top_k(row, t->vocab_limit, k, t->temperature, t->banned, t->n_banned, t->block_max,
-                                 t->pool_heap, ids, p);
-    if (found < 0)
-        return OUT_OF_MEMORY;
+    Py_ssize_t found = row_top_k(row, t->vocab_limit, k, t->temperature, t->banned, t->n_banned, t->scratch, ids, p);
     Py_ssize_t live = 0; /* the probabilities are descending: the positive ones come first */
     while (live < found && p[live] > 0.0)
         live++;
@@ -142,7 +138,7 @@ static int32_t add_node(Tree *t, int32_t parent, int32_t token, double prob)
 static int tree_open(Tree *t, Py_ssize_t n_batch, PyObject *first_obj, int first_position, PyObject *banned_obj,
                      Py_ssize_t max_nodes, Py_ssize_t max_rows)
 {
-    Py_ssize_t n_first = 0, k = t->k, nodes = max_nodes, n_blocks = (t->vocab_limit + BLOCK - 1) / BLOCK;
+    Py_ssize_t n_first = 0, k = t->k, nodes = max_nodes;
     t->first = int32_array(first_obj, "first_tokens", &n_first);
     t->banned = t->first ? int32_array(banned_obj, "banned", &t->n_banned) : NULL;
     if (!t->banned)
@@ -161,9 +157,9 @@ static int tree_open(Tree *t, Py_ssize_t n_batch, PyObject *first_obj, int first
     t->prob = malloc((2 * nodes + 2 * max_rows * k) * sizeof *t->prob);
     t->found = malloc(3 * max_rows * sizeof *t->found);
     t->taken = malloc(nodes);
-    t->block_max = malloc((n_blocks + k + t->n_banned) * sizeof *t->block_max);
+    t->scratch = malloc(row_scratch_floats(t->vocab_limit, k, t->n_banned) * sizeof *t->scratch);
     t->tagged = malloc(t->n_tagged * sizeof *t->tagged);
-    if (!t->token || !t->prob || !t->found || !t->taken || !t->block_max || !t->tagged) {
+    if (!t->token || !t->prob || !t->found || !t->taken || !t->scratch || !t->tagged) {
         PyErr_NoMemory();
         return -1;
     }
@@ -171,7 +167,6 @@ static int tree_open(Tree *t, Py_ssize_t n_batch, PyObject *first_obj, int first
     t->seq = t->token + 4 * nodes, t->evaluated = t->token + 5 * nodes, t->ids = t->evaluated + max_rows;
     t->path_prob = t->prob + nodes, t->probs = t->prob + 2 * nodes, t->left = t->probs + max_rows * k;
     t->live = t->found + max_rows, t->drawn = t->found + 2 * max_rows;
-    t->pool_heap = t->block_max + n_blocks;
     t->root_pos = first_position + (int32_t)n_first - 1;
     t->size = 1;
     t->token[0] = t->first[n_first - 1], t->parent[0] = -1, t->depth[0] = 0, t->prob[0] = 1.0;
@@ -191,18 +186,15 @@ static void tree_close(Tree *t)
     free(t->prob);
     free(t->found);
     free(t->taken);
-    free(t->block_max);
+    free(t->scratch);
 }
 
 /* The result: (rc, decodes, seconds, parents, tokens, probs, evaluated, seqs, ids, top_probs, found, taken,
  * n_used, n_tagged) — nodes 1 … size − 1; per evaluation its node, sequence (-1: the root) and top-k (ids and
  * probabilities as bytes, k per row, `found` of them valid); the nodes whose sequence a child continued; the
- * fresh sequence ids used and the ids the committed prefix carries now. NULL with an error set when the loop
- * ran out of memory. */
+ * fresh sequence ids used and the ids the committed prefix carries now. NULL with an error set on failure. */
 static PyObject *tree_result(const Tree *t)
 {
-    if (t->rc == OUT_OF_MEMORY)
-        return PyErr_NoMemory();
     Py_ssize_t n = t->size - 1, e = t->n_evaluated;
     PyObject *seqs = PyList_New(e), *found = PyList_New(e), *taken = PyList_New(0);
     for (Py_ssize_t i = 0; seqs && found && i < e; i++) {
