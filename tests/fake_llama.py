@@ -189,6 +189,9 @@ class FakeContext:
         draft.committed = [-1] * first_position  # only its length is read
         draft.pending = list(first_tokens)
         draft.begin_step(temp)
+        sizes: list[int] = []  # the nodes of each decode
+        expand = draft.expand
+        draft.expand = lambda tree, nodes: sizes.append(len(nodes)) or expand(tree, nodes)
         tree = TreeBuilder(first_tokens[-1])
         decodes = grow(draft, tree)
         evaluated = list(tree.dists)  # in evaluation order
@@ -197,10 +200,14 @@ class FakeContext:
         for row, node in enumerate(evaluated):
             dist = tree.dists[node]
             ids[row, : dist.ids.size], probs[row, : dist.ids.size] = dist.ids, dist.probs
-        seqs = [-1 if draft._node_seq[node] is None else draft._node_seq[node] for node in evaluated]
+        # by token path: OPT-Tree's reference keeps the best nodes of a tree it grew, renumbered
+        seq_of = {node: draft._path_seq[tuple(tree.path_tokens(node))] for node in evaluated}
+        continued = {(path[:-1], seq) for path, seq in draft._path_seq.items() if seq is not None}
+        taken = [u for u in evaluated if u and (tuple(tree.path_tokens(u)), seq_of[u]) in continued]
         return (
-            decodes, tree.parents[1:], tree.tokens[1:], tree.draft_prob[1:], evaluated, seqs, ids.tobytes(),
-            probs.tobytes(), [tree.dists[node].ids.size for node in evaluated], sorted(draft._seq_taken),
+            decodes, sizes, tree.parents[1:], tree.tokens[1:], tree.draft_prob[1:], evaluated,
+            [-1 if seq_of[node] is None else seq_of[node] for node in evaluated], ids.tobytes(),
+            probs.tobytes(), [tree.dists[node].ids.size for node in evaluated], taken,
             len(draft._used_seqs), len(draft.tagged_seqs),
         )  # fmt: skip
 

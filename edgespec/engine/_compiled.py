@@ -71,15 +71,18 @@ class CompiledLoops:
         self, first_tokens: Sequence[int], first_position: int, n_tagged: int, levels: OptTreeLevels, k: int,
         temperature: float, vocab_limit: int, banned: Sequence[int],
     ) -> tuple:  # fmt: skip
-        """Draft OPT-Tree's levels in one compiled call (``engine/_opt_tree.c``; the same result as
-        ``greedy_tree``). First ``first_tokens`` at ``first_position`` … in sequences 0 … ``n_tagged`` − 1
-        (the root last), then a level per decode as ``levels`` says."""
+        """Draft OPT-Tree in one compiled call (``engine/_opt_tree.c``; a result shaped as ``greedy_tree``'s,
+        holding the kept nodes only). First ``first_tokens`` at ``first_position`` … in sequences
+        0 … ``n_tagged`` − 1 (the root last), then a level per decode as ``levels`` says, then step 4."""
+        sizing = levels.sizing
         return self._draft_in_c(
             len(first_tokens), levels.n,
             lambda ctx, batch: _opt_tree.opt_tree(
                 ctx, address(self.memory), batch, self.settings.n_batch, self.settings.n_seq_max,
                 first_tokens, first_position, n_tagged, levels.n, levels.capacity, levels.max_depth,
-                levels.threshold, levels.level_cost or (), k, temperature, vocab_limit, banned,
+                levels.threshold, levels.level_cost or (), sizing.level_seconds if sizing else (),
+                sizing.overhead if sizing else 0.0, sizing.verify_seconds if sizing else (), k, temperature,
+                vocab_limit, banned,
                 self.settings.row_helper,
             ),
         )  # fmt: skip

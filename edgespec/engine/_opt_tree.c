@@ -1,12 +1,12 @@
-/* OPT-Tree's levels (Algorithm 1, planner/opt_tree.py) drafted in one call: each level's batched draft decode,
- * its rows' top-k, the choice of the children and of the next layer, and the KV bookkeeping run here with the
- * GIL released; Python resumes once, with every node the levels added, and keeps the best of them.
+/* OPT-Tree (Algorithm 1, planner/opt_tree.py) drafted in one call: each level's batched draft decode, its rows'
+ * top-k, the choice of the children and of the next layer, the KV bookkeeping, and the final choice of the
+ * nodes kept run here with the GIL released; Python resumes once, with the kept nodes only.
  *
  * Why: OPT-Tree picks each level from the distributions of the last, so the level-by-level path ran Python
  * after every draft decode (~0.4 ms a level on a CPU, where each decode leaves the interpreter cold; issue
  * 12), and on a GPU that Python is a gap between two draft passes. A step takes 4–10 levels.
  *
- * The reference is planner/opt_tree.py's ``opt_tree_by_levels``; this file is that loop, step for step, with
+ * The reference is planner/opt_tree.py's ``opt_tree_by_levels``; this file is its loop, step for step, with
  * _tree_draft.h's levels (the engine's ``Draft._decode_level`` and ``draft_dists``), so the nodes, their
  * probabilities and the KV cells are identical:
  *   - a level's candidates are the children with q > 0 of its nodes, p̂ = p̂(parent) · q, taken in the order
@@ -17,7 +17,10 @@
  *     beating the heap's least is added), and E = their sum, largest first;
  *   - the next layer: the added children, the best ``capacity − evaluated`` by p̂ (ties: the lower node),
  *     then, with level costs, the m best whose Σ p̂ − c_d(m) / c_t(n + 1) is largest (the first m on ties);
- *     drafting stops when it is empty or the last level's gain in E is below δ(its size).
+ *     drafting stops when it is empty or the last level's gain in E is below δ(its size);
+ *   - step 4 (``final_choice``): the n nodes with the largest p̂ (ties: the lower node), with the sizing the m
+ *     of them with the best rate (1 + E_m) / (drafting + overhead + c_t(m + 1)) (the first m on ties), the
+ *     drafting being the levels' c_d added in order (``FinalSizing.best_m``), kept in index order.
  * The products and sums are single roundings in the same order as the reference's (no FMA can form: no
  * product is added to), so they round as Python's floats do. */
 #define PY_SSIZE_T_CLEAN
@@ -41,8 +44,11 @@ typedef struct {
     Py_ssize_t n, capacity, max_depth; /* the tree's draft tokens; nodes the draft may evaluate; levels */
     double *threshold;                 /* δ for a next level of m nodes, m = 0 … n */
     double *level_cost;                /* c_d(m) / c_t(n + 1), m = 0 … n; NULL: expand every layer node */
-    /* scratch: the layer, the children added, a level's candidates, nodes ranked by p̂, the n largest p̂ */
-    int32_t *layer, *children;
+    /* step 4's sizing (NULL: keep the n best): c_d(m) and c_t(m + 1) in seconds, m = 0 … n, and Python's share */
+    double *level_seconds, *verify_seconds, overhead;
+    /* scratch: the layer, the children added, a level's candidates, nodes ranked by p̂ (every node, for step 4),
+     * the n largest p̂, the nodes kept and their new numbers */
+    int32_t *layer, *children, *keep, *renumber;
     Child *candidates;
     Ranked *ranked;
     double *top, *summed;
@@ -196,26 +202,92 @@ static void grow(Tree *t, Levels *lv)
     }
 }
 
+/* Leave only the root and `keep` (m nodes, ascending, closed under parents) in the tree, renumbered in index
+ * order (node keep[i] becomes i + 1), with the evaluations of kept nodes (in evaluation order, their rows moved
+ * down). A kept node's sequence, and whether a child continued it, stay as drafted: that child's cells are in
+ * the cache whether it is kept or not. `renumber`: room for the tree's size. */
+static void tree_keep(Tree *t, const int32_t *keep, Py_ssize_t m, int32_t *renumber)
+{
+    for (Py_ssize_t node = 0; node < t->size; node++)
+        renumber[node] = -1;
+    renumber[0] = 0;
+    for (Py_ssize_t i = 0; i < m; i++)
+        renumber[keep[i]] = (int32_t)(i + 1);
+    for (Py_ssize_t i = 0; i < m; i++) { /* keep[i] ≥ i + 1: every node moves down, after what it reads */
+        int32_t from = keep[i], to = (int32_t)(i + 1);
+        t->token[to] = t->token[from], t->parent[to] = renumber[t->parent[from]], t->depth[to] = t->depth[from];
+        t->prob[to] = t->prob[from], t->path_prob[to] = t->path_prob[from], t->row[to] = t->row[from];
+        t->seq[to] = t->seq[from], t->taken[to] = t->taken[from];
+    }
+    t->size = m + 1;
+    Py_ssize_t kept = 0, k = t->k;
+    for (Py_ssize_t e = 0; e < t->n_evaluated; e++) {
+        int32_t node = renumber[t->evaluated[e]];
+        if (node < 0)
+            continue;
+        if (kept != e) {
+            memcpy(t->ids + kept * k, t->ids + e * k, k * sizeof *t->ids);
+            memcpy(t->probs + kept * k, t->probs + e * k, k * sizeof *t->probs);
+            memcpy(t->left + kept * k, t->left + e * k, k * sizeof *t->left);
+            t->found[kept] = t->found[e], t->live[kept] = t->live[e], t->drawn[kept] = t->drawn[e];
+        }
+        t->evaluated[kept] = node;
+        t->row[node] = (int32_t)kept++;
+    }
+    t->n_evaluated = kept;
+}
+
+/* Step 4 (final_choice in planner/opt_tree.py) into lv->keep, ascending; returns how many. */
+static Py_ssize_t final_choice(const Tree *t, Levels *lv)
+{
+    Py_ssize_t count = t->size - 1, m = count < lv->n ? count : lv->n;
+    for (Py_ssize_t i = 0; i < count; i++)
+        lv->ranked[i] = (Ranked){t->path_prob[i + 1], (int32_t)(i + 1)};
+    qsort(lv->ranked, count, sizeof *lv->ranked, by_phat);
+    if (lv->level_seconds) {
+        double spent = 0.0; /* the levels' draft seconds, added in order */
+        for (Py_ssize_t level = 0; level < t->decodes; level++)
+            spent += lv->level_seconds[t->level_size[level]];
+        Py_ssize_t best_m = 0;
+        double best_rate = 1.0 / (spent + lv->overhead + lv->verify_seconds[0]), e = 0.0;
+        for (Py_ssize_t j = 1; j <= m; j++) {
+            e += lv->ranked[j - 1].phat; /* E_j */
+            double rate = (1.0 + e) / (spent + lv->overhead + lv->verify_seconds[j]);
+            if (rate > best_rate)
+                best_m = j, best_rate = rate;
+        }
+        m = best_m;
+    }
+    for (Py_ssize_t i = 0; i < m; i++)
+        lv->keep[i] = lv->ranked[i].node;
+    qsort(lv->keep, m, sizeof *lv->keep, by_node);
+    return m;
+}
+
 /* opt_tree(ctx, memory, batch, n_batch, n_seq_max, first_tokens, first_position, n_tagged, n, capacity,
- *          max_depth, threshold, level_cost, k, temperature, vocab_limit, banned[, helper]) -> see tree_result()
+ *          max_depth, threshold, level_cost, level_seconds, overhead, verify_seconds, k, temperature, vocab_limit,
+ *          banned[, helper]) -> see tree_result() (_tree_draft.h): the kept nodes, renumbered in index order,
+ *          and the evaluations among them; `sizes` has every level's
  *
  * The first decode holds first_tokens (the catch-up, the root last) at first_position … in sequences
  * 0 … n_tagged − 1. n: draft tokens the tree may keep (1 ≤ n ≤ capacity, n < n_batch); capacity: nodes
  * besides the root the draft may evaluate; max_depth: levels; threshold: n + 1 floats, δ for a next level of
- * m nodes; level_cost: n + 1 floats, c_d(m) / c_t(n + 1), or none (every layer node is expanded); k:
+ * m nodes; level_cost: n + 1 floats, c_d(m) / c_t(n + 1), or none (every layer node is expanded);
+ * level_seconds and verify_seconds: n + 1 floats each, c_d(m) and c_t(m + 1), or none (keep the n best); k:
  * candidates per row (≤ vocab_limit); banned: ascending ids never proposed. rc ≠ 0: llama_decode's code,
- * -2: no logits row, -3: out of sequence ids; the tree holds what was built before. */
+ * -2: no logits row, -3: out of sequence ids; the tree then holds every node built before (nothing cut). */
 static PyObject *opt_tree(PyObject *self, PyObject *args)
 {
     unsigned long long ctx, memory, batch;
-    Py_ssize_t n_batch, n_seq_max, k, vocab_limit, n_threshold = 0, n_cost = 0;
+    Py_ssize_t n_batch, n_seq_max, k, vocab_limit;
     int first_position, n_tagged, helper = 0;
     double temperature;
-    PyObject *first_obj, *threshold_obj, *cost_obj, *banned_obj;
+    PyObject *first_obj, *floats_obj[4], *banned_obj;
     Levels lv = {0};
-    if (!PyArg_ParseTuple(args, "KKKnnOiinnnOOndnO|p", &ctx, &memory, &batch, &n_batch, &n_seq_max, &first_obj,
-                          &first_position, &n_tagged, &lv.n, &lv.capacity, &lv.max_depth, &threshold_obj,
-                          &cost_obj, &k, &temperature, &vocab_limit, &banned_obj, &helper))
+    if (!PyArg_ParseTuple(args, "KKKnnOiinnnOOOdOndnO|p", &ctx, &memory, &batch, &n_batch, &n_seq_max, &first_obj,
+                          &first_position, &n_tagged, &lv.n, &lv.capacity, &lv.max_depth, &floats_obj[0],
+                          &floats_obj[1], &floats_obj[2], &lv.overhead, &floats_obj[3], &k, &temperature,
+                          &vocab_limit, &banned_obj, &helper))
         return NULL;
     if (lv.n < 1 || lv.n >= n_batch || lv.capacity < lv.n || lv.max_depth < 1 || k < 1 || k > vocab_limit ||
         temperature <= 0.0 || n_tagged < 1 || n_tagged > n_seq_max) {
@@ -228,23 +300,29 @@ static PyObject *opt_tree(PyObject *self, PyObject *args)
               .vocab_limit = vocab_limit, .temperature = temperature, .n_tagged = n_tagged};
     Py_ssize_t n = lv.n, nodes = 1 + n * lv.max_depth;
     PyObject *out = NULL;
-    lv.threshold = double_array(threshold_obj, "threshold", &n_threshold);
-    lv.level_cost = lv.threshold ? double_array(cost_obj, "level_cost", &n_cost) : NULL;
-    if (!lv.level_cost)
-        goto done;
-    if (n_threshold != n + 1 || (n_cost != 0 && n_cost != n + 1)) {
-        PyErr_Format(PyExc_ValueError, "opt_tree(): %zd thresholds and %zd level costs (n + 1 = %zd each)",
-                     n_threshold, n_cost, n + 1);
+    /* threshold (required), level_cost, level_seconds, verify_seconds (each n + 1 floats, or none) */
+    static const char *names[4] = {"threshold", "level_cost", "level_seconds", "verify_seconds"};
+    double *floats[4] = {NULL, NULL, NULL, NULL};
+    Py_ssize_t counts[4] = {0, 0, 0, 0};
+    for (int i = 0; i < 4; i++)
+        if (!(floats[i] = double_array(floats_obj[i], names[i], &counts[i])))
+            goto done;
+    if (counts[0] != n + 1 || (counts[1] != 0 && counts[1] != n + 1) || (counts[2] != 0 && counts[2] != n + 1) ||
+        counts[3] != counts[2]) {
+        PyErr_Format(PyExc_ValueError,
+                     "opt_tree(): %zd thresholds, %zd level costs, %zd level and %zd verify seconds (n + 1 = %zd; "
+                     "the last three may be empty, the seconds both or neither)",
+                     counts[0], counts[1], counts[2], counts[3], n + 1);
         goto done;
     }
-    if (n_cost == 0) {
-        free(lv.level_cost);
-        lv.level_cost = NULL;
-    }
-    lv.layer = malloc((2 * n + 1) * sizeof *lv.layer);
+    lv.threshold = floats[0];
+    lv.level_cost = counts[1] ? floats[1] : NULL;
+    lv.level_seconds = counts[2] ? floats[2] : NULL, lv.verify_seconds = counts[3] ? floats[3] : NULL;
+    lv.layer = malloc((2 * n + 1 + 2 * nodes) * sizeof *lv.layer);
     lv.children = lv.layer ? lv.layer + n + 1 : NULL;
+    lv.keep = lv.layer ? lv.children + n : NULL, lv.renumber = lv.layer ? lv.keep + nodes : NULL;
     lv.candidates = malloc(n * k * sizeof *lv.candidates);
-    lv.ranked = malloc(n * sizeof *lv.ranked);
+    lv.ranked = malloc(nodes * sizeof *lv.ranked);
     lv.top = malloc(2 * n * sizeof *lv.top);
     lv.summed = lv.top ? lv.top + n : NULL;
     if (!lv.layer || !lv.candidates || !lv.ranked || !lv.top)
@@ -254,13 +332,15 @@ static PyObject *opt_tree(PyObject *self, PyObject *args)
         row_helper_arm(helper);
         grow(&t, &lv);
         row_helper_disarm(helper);
+        if (t.rc == 0)
+            tree_keep(&t, lv.keep, final_choice(&t, &lv), lv.renumber);
         Py_END_ALLOW_THREADS
         out = tree_result(&t);
     }
     tree_close(&t);
 done:
-    free(lv.threshold);
-    free(lv.level_cost);
+    for (int i = 0; i < 4; i++)
+        free(floats[i]);
     free(lv.layer);
     free(lv.candidates);
     free(lv.ranked);
@@ -272,13 +352,13 @@ static PyMethodDef methods[] = {
     {"bind", bind, METH_VARARGS, BIND_DOC},
     {"opt_tree", opt_tree, METH_VARARGS,
      "opt_tree(ctx, memory, batch, n_batch, n_seq_max, first_tokens, first_position, n_tagged, n, capacity, "
-     "max_depth, threshold, level_cost, k, temperature, vocab_limit, banned[, helper]) -> (rc, decodes, seconds, "
-     "parents, "
-     "tokens, probs, evaluated, seqs, ids, top_probs, found, taken, n_used, n_tagged)"},
+     "max_depth, threshold, level_cost, level_seconds, overhead, verify_seconds, k, temperature, vocab_limit, "
+     "banned[, helper]) -> (rc, decodes, seconds, sizes, parents, tokens, probs, evaluated, seqs, ids, top_probs, "
+     "found, taken, n_used, n_tagged): the kept nodes"},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_opt_tree", "OPT-Tree's levels drafted in one call.",
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_opt_tree", "OPT-Tree drafted in one call.",
                                     -1, methods};
 
 PyMODINIT_FUNC PyInit__opt_tree(void) { return row_helper_import() < 0 ? NULL : PyModule_Create(&module); }

@@ -34,6 +34,7 @@ typedef struct {
     Py_ssize_t *found, *live, *drawn;
     int32_t root_pos, n_used, n_tagged;
     Py_ssize_t decodes;
+    int32_t *level_size; /* per decode: the nodes it evaluated */
     double seconds;
     int rc;
     float *scratch;          /* row_top_k's */
@@ -99,6 +100,7 @@ static int evaluate(Tree *t, const int32_t *nodes, Py_ssize_t n)
     }
     if (!root)
         batch->n_tokens = (int32_t)n;
+    t->level_size[t->decodes] = (int32_t)n; /* decodes ≤ evaluations so far ≤ max_rows */
     int rc = timed_decode(t->ctx, batch, &t->seconds);
     t->decodes++;
     if (rc != 0)
@@ -153,7 +155,7 @@ static int tree_open(Tree *t, Py_ssize_t n_batch, PyObject *first_obj, int first
     }
     t->max_nodes = max_nodes, t->max_rows = max_rows;
     /* one allocation per type, carved below */
-    t->token = malloc((5 * nodes + max_rows + max_rows * k) * sizeof *t->token);
+    t->token = malloc((5 * nodes + 2 * max_rows + 1 + max_rows * k) * sizeof *t->token);
     t->prob = malloc((2 * nodes + 2 * max_rows * k) * sizeof *t->prob);
     t->found = malloc(3 * max_rows * sizeof *t->found);
     t->taken = malloc(nodes);
@@ -164,7 +166,8 @@ static int tree_open(Tree *t, Py_ssize_t n_batch, PyObject *first_obj, int first
         return -1;
     }
     t->parent = t->token + nodes, t->depth = t->token + 2 * nodes, t->row = t->token + 3 * nodes;
-    t->seq = t->token + 4 * nodes, t->evaluated = t->token + 5 * nodes, t->ids = t->evaluated + max_rows;
+    t->seq = t->token + 4 * nodes, t->evaluated = t->token + 5 * nodes, t->level_size = t->evaluated + max_rows;
+    t->ids = t->level_size + max_rows + 1;
     t->path_prob = t->prob + nodes, t->probs = t->prob + 2 * nodes, t->left = t->probs + max_rows * k;
     t->live = t->found + max_rows, t->drawn = t->found + 2 * max_rows;
     t->root_pos = first_position + (int32_t)n_first - 1;
@@ -189,10 +192,11 @@ static void tree_close(Tree *t)
     free(t->scratch);
 }
 
-/* The result: (rc, decodes, seconds, parents, tokens, probs, evaluated, seqs, ids, top_probs, found, taken,
- * n_used, n_tagged) — nodes 1 … size − 1; per evaluation its node, sequence (-1: the root) and top-k (ids and
- * probabilities as bytes, k per row, `found` of them valid); the nodes whose sequence a child continued; the
- * fresh sequence ids used and the ids the committed prefix carries now. NULL with an error set on failure. */
+/* The result: (rc, decodes, seconds, sizes, parents, tokens, probs, evaluated, seqs, ids, top_probs, found,
+ * taken, n_used, n_tagged) — the nodes each decode evaluated; nodes 1 … size − 1; per evaluation its node,
+ * sequence (-1: the root) and top-k (ids and probabilities as bytes, k per row, `found` of them valid); the
+ * nodes whose sequence a child continued; the fresh sequence ids used and the ids the committed prefix carries
+ * now. NULL with an error set on failure. */
 static PyObject *tree_result(const Tree *t)
 {
     Py_ssize_t n = t->size - 1, e = t->n_evaluated;
@@ -210,7 +214,8 @@ static PyObject *tree_result(const Tree *t)
         }
     PyObject *out = NULL;
     if (seqs && found && taken && !PyErr_Occurred())
-        out = Py_BuildValue("(indNNNNOy#y#OOii)", t->rc, t->decodes, t->seconds, int32_list(t->parent + 1, n),
+        out = Py_BuildValue("(indNNNNNOy#y#OOii)", t->rc, t->decodes, t->seconds,
+                            int32_list(t->level_size, t->decodes), int32_list(t->parent + 1, n),
                             int32_list(t->token + 1, n), double_list(t->prob + 1, n), int32_list(t->evaluated, e),
                             seqs, (const char *)t->ids, (Py_ssize_t)(e * t->k * sizeof *t->ids),
                             (const char *)t->probs, (Py_ssize_t)(e * t->k * sizeof *t->probs), found, taken,

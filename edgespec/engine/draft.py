@@ -5,11 +5,8 @@ ParallelSpec — drafts every depth at once; and its KV bookkeeping (``runners.C
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import groupby
 from time import perf_counter
 from typing import TYPE_CHECKING
-
-import numpy as np
 
 from ..planner.tree import ChildRule, DraftTree, SparseDist, TreeBuilder
 from ._llama import Context
@@ -83,9 +80,7 @@ class Draft(CachedModel):
             tokens, positions, seq_counts, seq_ids, n_rows, k, self.temperature, self.vocab_limit,
             sorted(set(self.mask_ids)),
         )  # fmt: skip
-        top_ids = np.frombuffer(ids, np.int32).reshape(n_rows, k)
-        top_p = np.frombuffer(probs, np.float64).reshape(n_rows, k)
-        return [SparseDist(ids=top_ids[r, :n], probs=top_p[r, :n]) for r, n in enumerate(found)]
+        return SparseDist.from_rows(ids, probs, k, found)
 
     def greedy_chain(self, tree: TreeBuilder, length: int, p_min: float = 0.0) -> int:
         """The chain of the draft's top tokens below the root, drafted in one compiled call (no Python
@@ -128,60 +123,57 @@ class Draft(CachedModel):
         if budget < 1:
             return 0, 0
         banned = sorted(set(self.mask_ids))
-        decodes, evaluated = self._tree_in_c(
+        decodes, sizes = self._tree_in_c(
             tree,
             lambda pending, base, n_tagged, k: self.ctx.greedy_tree(
                 pending, base, n_tagged, budget, max_passes, k, self.temperature, self.vocab_limit, banned
             ),
         )
-        return decodes, len(evaluated)
+        return decodes, sum(sizes)
 
     def grow_opt_tree(self, tree: TreeBuilder, levels: OptTreeLevels) -> list[int]:
-        """OPT-Tree's levels drafted in one compiled call (no Python between its decodes); the same nodes,
-        distributions and KV cells as ``opt_tree_by_levels`` through ``expand``. See
-        ``Drafter.grow_opt_tree``."""
+        """OPT-Tree drafted in one compiled call (no Python between its decodes): the same kept nodes,
+        distributions and KV cells as ``opt_tree_by_levels`` through ``expand``, and the same bookkeeping
+        for the kept nodes (only they come back). See ``Drafter.grow_opt_tree``."""
         if tree.size != 1:
             raise ValueError("grow_opt_tree drafts from the root alone (planner bug)")
         banned = sorted(set(self.mask_ids))
-        _, evaluated = self._tree_in_c(
+        return self._tree_in_c(
             tree,
             lambda pending, base, n_tagged, k: self.ctx.opt_tree(
                 pending, base, n_tagged, levels, k, self.temperature, self.vocab_limit, banned
             ),
-        )
-        # each level evaluates nodes of one depth, the next level's one deeper: its size is their count
-        return [len(list(nodes)) for _, nodes in groupby(evaluated, key=tree.depth.__getitem__)]
+        )[1]
 
     def _tree_in_c(self, tree: TreeBuilder, call) -> tuple[int, list[int]]:
         """A tree grown from the root by a compiled call — ``call(pending, committed length, tagged ids,
-        k)`` returns (decodes, *the tree as ``_adopt`` takes it) — with ``expand``'s bookkeeping; returns
-        (decodes, the evaluated nodes in evaluation order)."""
+        k)`` returns (decodes, each decode's evaluated nodes, *the tree as ``_adopt`` takes it) — with
+        ``expand``'s bookkeeping; returns (decodes, the nodes each decode evaluated)."""
         start = perf_counter()
         pending = self._catch_up(room=self.ctx.settings.n_batch)
         k = min(self.top_k, self.vocab_limit)
-        decodes, *grown = call(pending, len(self.committed), len(self.tagged_seqs), k)
-        evaluated = self._adopt(tree, pending, k, *grown)
+        decodes, sizes, *grown = call(pending, len(self.committed), len(self.tagged_seqs), k)
+        self._adopt(tree, pending, k, *grown)
         self.decode_seconds += perf_counter() - start
         self.decodes += decodes
-        return decodes, evaluated
+        return decodes, sizes
 
     def _adopt(
         self, tree: TreeBuilder, pending: list[int], k: int, parents: list[int], tokens: list[int],
         probs: list[float], evaluated: list[int], seqs: list[int], ids: bytes, top_probs: bytes,
         found: list[int], taken: list[int], n_used: int, n_tagged: int,
-    ) -> list[int]:  # fmt: skip
+    ) -> None:  # fmt: skip
         """Take a tree a compiled call drafted (``engine/_tree_draft.h``'s result) with the bookkeeping of
         ``expand`` level by level: the root committed, each evaluated node decoded in its sequence (the
         root: the committed prefix) with its top-k in ``tree.dists``, the fresh ids used, the prefix
-        tagged with them. Returns the evaluated nodes, in evaluation order."""
+        tagged with them."""
         self.committed.extend(pending)
         self._root_committed(tree)
         tree.graft(parents, tokens, probs, ChildRule.TOP)
-        top_ids = np.frombuffer(ids, np.int32).reshape(len(evaluated), k)
-        top_p = np.frombuffer(top_probs, np.float64).reshape(len(evaluated), k)
         paths = {0: (int(tree.tokens[0]),)}  # each evaluated node's token path (its parent came first)
-        for row, (node, seq, n_found) in enumerate(zip(evaluated, seqs, found)):
-            tree.dists[node] = SparseDist(ids=top_ids[row, :n_found], probs=top_p[row, :n_found])
+        dists = SparseDist.from_rows(ids, top_probs, k, found)
+        for node, seq, dist in zip(evaluated, seqs, dists):
+            tree.dists[node] = dist
             if node:
                 paths[node] = (*paths[tree.parents[node]], tree.tokens[node])
             self._node_seq[node] = seq if seq >= 0 else None
@@ -189,7 +181,6 @@ class Draft(CachedModel):
         self._seq_taken.update(taken)
         self._used_seqs = list(range(n_used))
         self.tagged_seqs = tuple(range(n_tagged))
-        return evaluated
 
     def parallel_dists(self, tree: TreeBuilder, k: int) -> list[SparseDist]:
         """ParallelSpec's draft pass: the pending tokens (ending with the root) and [MASK]_1 … [MASK]_k

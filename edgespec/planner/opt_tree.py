@@ -33,14 +33,15 @@ decode, and three in four of the rows drafted were alternatives that never made 
 Children are the draft's most likely tokens (deterministic): the one-hot rule verifies them, greedy
 or sampling. Ties in p̂ go to the older node, which keeps the kept set a subtree even when q = 1.
 
-Steps 1–3 (``opt_tree_by_levels``, the reference) need nothing but the draft's rows and the numbers
+Steps 1–4 (``opt_tree_by_levels``, the reference) need nothing but the draft's rows and the numbers
 ``OptTreePlanner.levels`` fixes per tree size, so the engine runs them in one compiled call
-(``Drafter.grow_opt_tree``, engine/_opt_tree.c): no Python between the levels, greedy or sampling.
-Step 4 stays here.
+(``Drafter.grow_opt_tree``, engine/_opt_tree.c): no Python between the levels, greedy or sampling, and
+only the kept nodes come back (a step evaluates ~20 rows and builds ~50 nodes to keep ≤ n; on a CPU the
+Python that rebuilt them all ran cold after the levels' rows).
 
-Note for the engine: the returned tree keeps only the kept nodes, renumbered (parents first), so its
-indices differ from those the draft saw during ``expand`` (nodes the draft evaluated may be dropped).
-Match accepted nodes to decoded ones by token path, not by index.
+Note for the engine: the tree keeps only the kept nodes, renumbered (parents first), so its indices
+differ from those the draft saw during ``expand`` (nodes the draft evaluated may be dropped). Match
+accepted nodes to decoded ones by token path, not by index.
 """
 
 from __future__ import annotations
@@ -64,36 +65,82 @@ def top_nodes(path_prob: np.ndarray, n: int) -> np.ndarray:
     return np.sort(idx[best])
 
 
-def subtree(tree: TreeBuilder, keep: np.ndarray) -> TreeBuilder:
-    """The tree restricted to the root and ``keep`` (closed under parents), renumbered in index order."""
+def copy_subtree(tree: TreeBuilder, keep: list[int], out: TreeBuilder) -> None:
+    """Into ``out`` (the root alone): ``tree`` restricted to the root and ``keep`` (ascending, closed under
+    parents), renumbered in index order: the rules of the nodes that keep a child, the distributions of
+    every kept node the draft evaluated (in evaluation order: parents first, as they were drafted)."""
     new_index = {0: 0}
-    out = TreeBuilder(tree.tokens[0])
     for node in keep:
-        node = int(node)
         new_index[node] = out.add(new_index[tree.parents[node]], tree.tokens[node], tree.draft_prob[node])
     has_child = set(out.parents[1:])
     for old, new in new_index.items():
         if new in has_child:
             out.set_children_rule(new, ChildRule(tree.child_rule[old]))
+        if old in tree.dists:
             out.dists[new] = tree.dists[old]
-    return out
+
+
+@dataclass(frozen=True)
+class FinalSizing:
+    """What step 4 needs with the cost curves: ``costmodel.best_size`` in plain Python on numbers taken
+    once per n (a step's few numpy calls cost tens of µs each on a CPU, run cold after the draft's
+    decodes; these loops are the same arithmetic in the same order, so the same m — and engine/_opt_tree.c's
+    ``final_choice`` repeats them)."""
+
+    level_seconds: tuple[float, ...]  # c_d(m), m = 0 … n: a draft level of m nodes
+    overhead: float  # the cost model's Python per step
+    verify_seconds: tuple[float, ...]  # c_t(m + 1), m = 0 … n: verifying the root and m draft tokens
+
+    def best_m(self, path_prob: list[float], ranked: list[int], levels: list[int]) -> int:
+        """The m ≤ len(ranked) whose top-m tree (``ranked``: nodes by p̂, largest first) has the best
+        expected rate (1 + E_m) / (drafting + overhead + c_t(m + 1)), E_m = Σ p̂ of the first m, after
+        the draft ``levels`` (their sizes); ties go to the smaller tree."""
+        spent = 0.0  # seconds of draft levels, added in order (sum() compensates since Python 3.12)
+        for size in levels:
+            spent += self.level_seconds[size]
+        best_m, best_rate, e = 0, 1.0 / (spent + self.overhead + self.verify_seconds[0]), 0.0
+        for m, node in enumerate(ranked, start=1):
+            e += path_prob[node]  # E_m, summed in order as np.cumsum does
+            rate = (1.0 + e) / (spent + self.overhead + self.verify_seconds[m])
+            if rate > best_rate:
+                best_m, best_rate = m, rate
+        return best_m
 
 
 @dataclass(frozen=True)
 class OptTreeLevels:
-    """What Algorithm 1's level loop needs besides the draft (``OptTreePlanner.levels``)."""
+    """What Algorithm 1 needs besides the draft (``OptTreePlanner.levels``)."""
 
     n: int  # draft tokens the tree may keep
     capacity: int  # nodes besides the root the draft may evaluate (its sequences)
     max_depth: int  # levels: draft decodes
     threshold: tuple[float, ...]  # δ for a next level of m nodes, m = 0 … n
     level_cost: tuple[float, ...] | None  # c_d(m) / c_t(n + 1), m = 0 … n; None: expand every layer node
+    sizing: FinalSizing | None = None  # step 4 by the cost curves; None: keep the n best
 
 
 def opt_tree_by_levels(drafter: Drafter, tree: TreeBuilder, levels: OptTreeLevels) -> list[int]:
-    """Algorithm 1's levels through ``expand``, one draft decode each, from a one-node tree: adds every
-    node a level chooses (the planner keeps the best of them) and returns the levels' sizes (the root's
-    level first). The reference of ``Drafter.grow_opt_tree`` (the engine's runs in C, engine/_opt_tree.c)."""
+    """Algorithm 1 through ``expand``, one draft decode per level, from a one-node tree: the levels grow a
+    tree of their own, then step 4 (``final_choice``) leaves its kept nodes in ``tree``. Returns the levels'
+    sizes (the root's level first). The reference of ``Drafter.grow_opt_tree`` (the engine's runs in C,
+    engine/_opt_tree.c)."""
+    grown = TreeBuilder(tree.tokens[0])
+    sizes = _grow_levels(drafter, grown, levels)
+    copy_subtree(grown, final_choice(grown, levels, sizes), tree)
+    return sizes
+
+
+def final_choice(tree: TreeBuilder, levels: OptTreeLevels, sizes: list[int]) -> list[int]:
+    """Step 4: the n nodes with the largest p̂ (a stable sort: ties go to the older node, as ``top_nodes``
+    ranks them), cut to the m best for the step's expected rate when ``levels.sizing`` is given; in index
+    order."""
+    ranked = sorted(range(1, tree.size), key=tree.path_prob.__getitem__, reverse=True)[: levels.n]
+    m = len(ranked) if levels.sizing is None else levels.sizing.best_m(tree.path_prob, ranked, sizes)
+    return sorted(ranked[:m])
+
+
+def _grow_levels(drafter: Drafter, tree: TreeBuilder, levels: OptTreeLevels) -> list[int]:
+    """Steps 1–3: adds every node a level chooses and returns the levels' sizes."""
     layer, e_old, evaluated, sizes = [0], 0.0, 0, []
     for _ in range(levels.max_depth):
         dists = drafter.expand(tree, layer)
@@ -144,30 +191,6 @@ def _next_layer(tree: TreeBuilder, layer: list[int], dists, n: int) -> tuple[lis
         added.append(tree.add(layer[i], int(dists[i].ids[rank]), q))
         tree.set_children_rule(layer[i], ChildRule.TOP)
     return added, top_n
-
-
-@dataclass(frozen=True)
-class FinalSizing:
-    """What step 4 needs with the cost curves: ``costmodel.best_size`` in plain Python on numbers taken
-    once per n (a step's few numpy calls cost tens of µs each on a CPU, run cold after the draft's
-    decodes; these loops are the same arithmetic in the same order, so the same m)."""
-
-    level_seconds: tuple[float, ...]  # c_d(m), m = 0 … n: a draft level of m nodes
-    overhead: float  # the cost model's Python per step
-    verify_seconds: tuple[float, ...]  # c_t(m + 1), m = 0 … n: verifying the root and m draft tokens
-
-    def best_m(self, path_prob: list[float], ranked: list[int], levels: list[int]) -> int:
-        """The m ≤ len(ranked) whose top-m tree (``ranked``: nodes by p̂, largest first) has the best
-        expected rate (1 + E_m) / (drafting + overhead + c_t(m + 1)), E_m = Σ p̂ of the first m, after
-        the draft ``levels`` (their sizes); ties go to the smaller tree."""
-        spent = sum(self.level_seconds[size] for size in levels)  # seconds of draft levels
-        best_m, best_rate, e = 0, 1.0 / (spent + self.overhead + self.verify_seconds[0]), 0.0
-        for m, node in enumerate(ranked, start=1):
-            e += path_prob[node]  # E_m, summed in order as np.cumsum does
-            rate = (1.0 + e) / (spent + self.overhead + self.verify_seconds[m])
-            if rate > best_rate:
-                best_m, best_rate = m, rate
-        return best_m
 
 
 def worth_drafting(tree: TreeBuilder, layer: list[int], level_cost: tuple[float, ...] | None) -> list[int]:
@@ -246,16 +269,12 @@ class OptTreePlanner(Planner):
         tree = TreeBuilder(root_token)
         n = min(self.budget, ctx.max_nodes - 1)
         levels = drafter.grow_opt_tree(tree, self.levels(n, ctx.max_nodes - 1)) if n > 0 else []
-        # the nodes by p̂, largest first (a stable sort: ties go to the older node), as top_nodes ranks them
-        ranked = sorted(range(1, tree.size), key=tree.path_prob.__getitem__, reverse=True)
-        m = self.sizing(n).best_m(tree.path_prob, ranked[:n], levels) if self.costs is not None else n
-        out = subtree(tree, sorted(ranked[:m]))
         stats = PlanStats(
             draft_decodes=len(levels),
             drafted_nodes=sum(levels),
-            expected_accept=float(sum(out.path_prob[1:])),
+            expected_accept=float(sum(tree.path_prob[1:])),
         )
-        return out.freeze(stats)
+        return tree.freeze(stats)
 
     def levels(self, n: int, capacity: int) -> OptTreeLevels:
         """How Algorithm 1 grows a tree of n draft tokens where the draft may evaluate ``capacity`` nodes
@@ -271,7 +290,8 @@ class OptTreePlanner(Planner):
         else:
             threshold = (self.threshold(n, n),) * (n + 1)  # one δ for every size
         levels = OptTreeLevels(
-            n, capacity, self.max_depth, threshold, level_cost if self.layers == "paying" else None
+            n, capacity, self.max_depth, threshold, level_cost if self.layers == "paying" else None,
+            self.sizing(n) if self.costs is not None else None,
         )
         self._levels[n, capacity] = levels
         return levels

@@ -33,18 +33,52 @@ class ChildRule(IntEnum):
     # longest — LOSSY: which token is emitted then depends on how well the draft continues it
 
 
-@dataclass(frozen=True)
 class SparseDist:
-    """The draft's next-token distribution, kept to its top candidates.
+    """The draft's next-token distribution, kept to its top candidates: ``ids`` ((k,) int32 token ids,
+    most likely first) and ``probs`` ((k,) float64, descending; read-only).
 
     ``probs`` are probabilities under the full softmax (so they sum to at most 1), sorted in
     descending order. When the draft *samples*, it samples from ``q = probs / probs.sum()`` — the
     truncated distribution — and the verifier uses that same q, which keeps rejection sampling
     exactly lossless (any draft distribution is fine as long as both sides use the same one).
+
+    ``from_rows`` keeps a compiled call's rows as it returned them (bytes) and makes the arrays on first
+    read: right after the draft's decodes a numpy call costs tens of µs on a CPU (its code runs cold), and a
+    tree's rows are mostly never read at all (a greedy target verifies without them).
     """
 
-    ids: np.ndarray  # (k,) int32 token ids, most likely first
-    probs: np.ndarray  # (k,) float64 full-softmax probabilities, descending
+    __slots__ = ("_ids", "_probs", "_row")
+
+    def __init__(self, ids: np.ndarray, probs: np.ndarray):
+        self._ids, self._probs, self._row = ids, probs, None
+
+    @classmethod
+    def from_rows(cls, ids: bytes, probs: bytes, k: int, found: Sequence[int]) -> list[SparseDist]:
+        """Row r's first ``found[r]`` of k candidates in int32 ``ids`` and float64 ``probs``, k per row."""
+        dists = []
+        for row, n in enumerate(found):
+            dist = cls.__new__(cls)
+            dist._ids = dist._probs = None
+            dist._row = (ids, probs, k * row, n)
+            dists.append(dist)
+        return dists
+
+    @property
+    def ids(self) -> np.ndarray:
+        if self._ids is None:
+            self._unpack()
+        return self._ids
+
+    @property
+    def probs(self) -> np.ndarray:
+        if self._probs is None:
+            self._unpack()
+        return self._probs
+
+    def _unpack(self) -> None:
+        ids, probs, start, n = self._row
+        self._ids = np.frombuffer(ids, np.int32, count=n, offset=4 * start)
+        self._probs = np.frombuffer(probs, np.float64, count=n, offset=8 * start)
 
     def sampling_q(self) -> np.ndarray:
         """q: the distribution the draft samples from (the truncated, renormalised softmax)."""
@@ -272,10 +306,10 @@ class Drafter(Protocol):
         ...
 
     def grow_opt_tree(self, tree: TreeBuilder, levels: OptTreeLevels) -> list[int]:
-        """OPT-Tree's levels grown from the root of a one-node tree: exactly
-        ``planner.opt_tree.opt_tree_by_levels(self, tree, levels)`` (the reference: the same nodes,
+        """OPT-Tree grown from the root of a one-node tree, which ends holding the nodes it keeps: exactly
+        ``planner.opt_tree.opt_tree_by_levels(self, tree, levels)`` (the reference: the same kept nodes,
         probabilities, rules and ``tree.dists``); returns the levels' sizes, one draft decode each. The
-        engine drafts them in one compiled call."""
+        engine drafts it in one compiled call. The tree is final: none of its nodes may be expanded."""
         ...
 
 
