@@ -44,7 +44,8 @@ typedef struct {
     Py_ssize_t n, capacity, max_depth; /* the tree's draft tokens; nodes the draft may evaluate; levels */
     double *threshold;                 /* δ for a next level of m nodes, m = 0 … n */
     double *level_cost;                /* c_d(m) / c_t(n + 1), m = 0 … n; NULL: expand every layer node */
-    /* step 4's sizing (NULL: keep the n best): c_d(m) and c_t(m + 1) in seconds, m = 0 … n, and Python's share */
+    /* step 4's sizing (NULL: keep the n best): c_d(m) and c_t(m + 1) in seconds, m = 0 … n, and the cost
+     * model's Python per step */
     double *level_seconds, *verify_seconds, overhead;
     /* scratch: the layer, the children added, a level's candidates, nodes ranked by p̂ (every node, for step 4),
      * the n largest p̂, the nodes kept and their new numbers */
@@ -267,7 +268,7 @@ static Py_ssize_t final_choice(const Tree *t, Levels *lv)
 /* opt_tree(ctx, memory, batch, n_batch, n_seq_max, first_tokens, first_position, n_tagged, n, capacity,
  *          max_depth, threshold, level_cost, level_seconds, overhead, verify_seconds, k, temperature, vocab_limit,
  *          banned[, helper]) -> see tree_result() (_tree_draft.h): the kept nodes, renumbered in index order,
- *          and the evaluations among them; `sizes` has every level's
+ *          the evaluations among them, and every level's size
  *
  * The first decode holds first_tokens (the catch-up, the root last) at first_position … in sequences
  * 0 … n_tagged − 1. n: draft tokens the tree may keep (1 ≤ n ≤ capacity, n < n_batch); capacity: nodes
