@@ -10,8 +10,8 @@ random bytes for the quants, and fixed small f16 scales so every value is finite
 biases 0 (F32). A K-quant needs rows that are a multiple of 256 values; other rows fall back to Q8_0,
 as llama.cpp's own quantiser does.
 
-    python scripts/make_random_gguf.py --like qwen2.5-7b --tokenizer-from target.gguf --out 7b-rand.gguf
-    python scripts/make_random_gguf.py --like real-model.gguf --type Q8_0 --layers 4 --out small.gguf
+    python scripts/randomgguf.py --like qwen2.5-7b --tokenizer-from target.gguf --out 7b-rand.gguf
+    python scripts/randomgguf.py --like real-model.gguf --type Q8_0 --layers 4 --out small.gguf
 """
 
 from __future__ import annotations
@@ -272,7 +272,7 @@ def file_size(dims: Dims, n_vocab: int, qtype: str) -> int:
 # -- command line ---------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="make_random_gguf.py",
+        prog="randomgguf.py",
         description="Write a random-weight GGUF with a real model's shapes, for timing (cost curves) only.",
     )
     p.add_argument(
@@ -335,3 +335,7 @@ def _printer():
             print(f"  {done}/{total} tensors ({name})", file=sys.stderr)
 
     return show
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -2,9 +2,8 @@
 # On the GPU machine: build llama.cpp's shared libraries with CUDA from gpu-kit/llama.cpp into
 # gpu-kit/lib (what LLAMA_CPP_LIB_PATH points the llama_cpp bindings at). Incremental: a second call
 # reuses gpu-kit/build. CUDA=OFF builds the CPU libraries instead (to test the kit without a GPU).
-# Also compiles edgespec's C extensions (edgespec/decoding/_rows.c, edgespec/engine/_chain.c, _dyspec.c,
-# _opt_tree.c, _verify.c, _level.c) in place:
-# the kit runs edgespec from this source tree, not installed.
+# Also compiles edgespec's one optional C extension (edgespec/engine/_rows.c, the logits-row kernels) in
+# place: the kit runs edgespec from this source tree, not installed.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 KIT=gpu-kit
@@ -18,10 +17,8 @@ cmake --build "$KIT/build" --target llama -j "$(nproc)" >&2
 mkdir -p "$KIT/lib"
 find "$KIT/build" \( -name 'libllama.so*' -o -name 'libggml*.so*' \) -exec cp -P {} "$KIT/lib/" \;
 ls "$KIT/lib"
-# the C extensions, with setup.py's flags (no setuptools needed here)
+# the row kernels, with setup.py's flags (no setuptools needed here); without them edgespec uses numpy
 PY_INCLUDE=$(${PYTHON:-python} -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
 PY_SUFFIX=$(${PYTHON:-python} -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
-for ext in decoding/_rows engine/_chain engine/_dyspec engine/_opt_tree engine/_verify engine/_level; do
-  ${CC:-cc} -O3 -fno-trapping-math -fno-math-errno -Wno-psabi -shared -fPIC -I"$PY_INCLUDE" \
-    "edgespec/$ext.c" -o "edgespec/$ext$PY_SUFFIX"
-done
+${CC:-cc} -O3 -fno-trapping-math -fno-math-errno -Wno-psabi -shared -fPIC -I"$PY_INCLUDE" \
+  edgespec/engine/_rows.c -o "edgespec/engine/_rows$PY_SUFFIX"

@@ -52,7 +52,7 @@ done
 find "$KIT" -name '__pycache__' -prune -exec rm -rf {} +
 
 # The tokenizer: a 1-layer, 64-wide random model of the Qwen2.5 family (also a tiny model to test with).
-$PY scripts/make_random_gguf.py --like qwen2.5-0.5b --tokenizer-from "$TOKENIZER" --type Q8_0 \
+$PY scripts/randomgguf.py --like qwen2.5-0.5b --tokenizer-from "$TOKENIZER" --type Q8_0 \
   --layers 1 --embd 64 --ff 128 --heads 1 --kv-heads 1 --out "$KIT/qwen2.5-tokenizer.gguf" >&2
 
 SIZE=$(du -sm "$KIT" | cut -f1)

@@ -10,7 +10,7 @@ NAME=${1:?a name for the output, e.g. h100}
 shift
 export LLAMA_CPP_LIB_PATH=$PWD/gpu-kit/lib
 export PYTHONPATH=$PWD:$PWD/gpu-kit/py:$PWD/gpu-kit/site
-ACCEPTANCE=${ACCEPTANCE:-docs/bench-lean-cpu.json}
+ACCEPTANCE=${ACCEPTANCE:-docs/bench/epyc-trees-all.json}
 EXTRA=()
 [ -f "$ACCEPTANCE" ] && EXTRA=(--acceptance "$ACCEPTANCE")
 ${PYTHON:-python} scripts/gpu/measure.py --tokenizer-from gpu-kit/qwen2.5-tokenizer.gguf \
