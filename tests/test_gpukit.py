@@ -76,7 +76,9 @@ def test_measurement_runs_end_to_end_on_cpu(tmp_path):
     argv += "--budgets 8 --strategies chain,dyspec --tokens 8".split()
     acceptance = tmp_path / "acceptance.json"  # a bench --json document's results, as the kit reads them
     rows = [("chain", 3.4, 5.0, 4.0), ("dyspec:8", 4.4, 9.0, 4.7), ("auto", 1.0, 1.0, 0.0)]
-    results = [{"key": k, "mal": m, "verified_per_step": v, "draft_decodes_per_step": d} for k, m, v, d in rows]
+    results = [
+        {"key": k, "mal": m, "verified_per_step": v, "draft_decodes_per_step": d} for k, m, v, d in rows
+    ]
     acceptance.write_text(json.dumps({"results": results}))
     argv += ["--acceptance", str(acceptance)]
     assert main(argv) == 0
