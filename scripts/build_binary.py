@@ -9,7 +9,7 @@ CPU with AVX2, that environment's llama-cpp-python must be the portable build
 (``python scripts/install_llama.py --portable``, which scripts/test.sh uses); this script refuses
 a build with instruction sets beyond AVX2 unless ``--allow-non-portable``.
 
-Layout, chosen by measured start-up time (docs/benchmarks.md, "Single binary"): PyInstaller's own
+Layout, chosen by measured start-up time (lab/notebook.md, "Single binary"): PyInstaller's own
 ``--onefile`` unpacks ~140 MB on every start (~1 s before anything runs), so the app is frozen as a
 folder (``--onedir``) and shipped inside one file: a short POSIX ``sh`` launcher followed by the
 folder as a tar.gz. The first start unpacks it into ``${XDG_CACHE_HOME:-~/.cache}/edgespec/binary/<id>``
