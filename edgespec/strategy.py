@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .models.drafters import shipped_adapter
+from .models.pairs import PairDefaults  # what a pair contributes to its planners (models.toml)
 from .models.paths import decision_model_path
 from .planner import strategies
 from .planner.tree import Planner
@@ -51,17 +52,6 @@ class StrategyChoice:
         if budget is not None:
             params["budget"] = budget
         return StrategyChoice(self.name, params)
-
-
-@dataclass(frozen=True)
-class PairDefaults:
-    """What a pair contributes to its planners: its name (decision models are per pair) and its
-    models.toml entry (recommended strategy, budget, parameters); empty for local files."""
-
-    name: str
-    strategy: str | None = None
-    params: Mapping[str, Any] = field(default_factory=dict)  # budget and strategy parameters
-    draft_sha256: str | None = None  # its draft's (registry pairs): finds the shipped parallel drafter
 
 
 def needs_draft(name: str) -> bool:

@@ -3,15 +3,26 @@ the server share (model store → resolved pair → ``ModelPair``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import EdgespecError
-from ..strategy import PairDefaults
 
 StageProgress = Callable[[str, int, int], None]  # (stage, done bytes, total bytes; 0 = unknown)
+
+
+@dataclass(frozen=True)
+class PairDefaults:
+    """What a pair contributes to its planners (``edgespec.strategy.make_planner``): its name (decision
+    models are per pair) and its models.toml entry (recommended strategy, budget, parameters); empty
+    for local files."""
+
+    name: str
+    strategy: str | None = None
+    params: Mapping[str, Any] = field(default_factory=dict)  # budget and strategy parameters
+    draft_sha256: str | None = None  # its draft's (registry pairs): finds the shipped parallel drafter
 
 
 @dataclass(frozen=True)
