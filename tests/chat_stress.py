@@ -14,9 +14,9 @@ import sys
 
 from edgespec.cli import build_parser
 from edgespec.decoding.chat import ChatSettings
+from edgespec.session import ChatBackend
 from edgespec.strategy import StrategyChoice
 from tui.app import ChatApp
-from tui.backend import LlamaBackend
 from tui.storage import ChatStore
 from tui.widgets.prompt import PromptInput
 
@@ -42,7 +42,7 @@ NEW_CHAT_EVERY = 4  # keep the context short: a new conversation every few repli
 
 async def stress(db: str, replies: int) -> int:
     args = build_parser().parse_args(["chat", "--ctx", "2048", "--strategy", "auto"])
-    app = ChatApp(LlamaBackend(args), ChatStore(db), settings=ChatSettings(max_tokens=10))
+    app = ChatApp(ChatBackend.from_args(args), ChatStore(db), settings=ChatSettings(max_tokens=10))
     failures = 0
     async with app.run_test(size=(120, 40)) as pilot:
         chat = app.chat

@@ -1,5 +1,6 @@
-"""One path from a strategy choice to a planner: `chat` (the TUI's backend), `generate`, `bench` and
-`tune` run on the same choice, with non-default parameters, and build equal planners.
+"""One path from a strategy choice to a planner: `chat` (the chat facade, ``edgespec.session``),
+`generate`, `bench` and `tune` run on the same choice, with non-default parameters, and build equal
+planners.
 
 The commands run for real through the CLI parser; only loading the models is replaced by the fake pair
 (the loading facade, ``edgespec.models.pairs.open_pair``). Every planner built on the way is recorded where
@@ -60,10 +61,10 @@ def _run(argv: list[str]) -> None:
 
 def _chat(argv: list[str]):
     """What `edgespec chat` does before its first answer: load through the backend, build the planner."""
-    from tui.backend import LlamaBackend
+    from edgespec.session import ChatBackend
 
     args = cli.build_parser().parse_args(["chat", *argv])
-    backend = LlamaBackend(args)
+    backend = ChatBackend.from_args(args)
     loaded = backend.load(None, lambda *progress: None)
     return backend.make_planner(loaded.defaults)
 

@@ -18,7 +18,8 @@ from tui_fakes import FakeEngine, FakePlanner, canned_answer
 from edgespec.errors import ContextFullError
 from edgespec.server.app import create_app
 from edgespec.server.protocol import ApiError, Defaults, chat_request, sse
-from edgespec.server.worker import Loaded, Worker
+from edgespec.server.worker import Worker
+from edgespec.session import ChatSession
 
 openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
@@ -50,7 +51,7 @@ class ServeFake(FakeEngine):
 class Running:
     def __init__(self, engine: ServeFake, max_queue: int, api_key: str | None):
         self.engine = engine
-        self.worker = Worker(lambda: Loaded(engine, FakePlanner("chain"), "chain", MODEL), max_queue)
+        self.worker = Worker(lambda: ChatSession(engine, FakePlanner("chain"), "chain", MODEL), max_queue)
         self.worker.start()
         app = create_app(self.worker, Defaults(model=MODEL), "chain", api_key=api_key)
         self.sock = socket.socket()

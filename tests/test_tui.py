@@ -19,7 +19,7 @@ from edgespec.decoding.events import EmittedToken, Provenance, StepEvent, StepTi
 from edgespec.errors import ContextFullError, ModelNotFoundError, PairingError
 from edgespec.strategy import StrategyChoice
 from tui.app import ChatApp
-from tui.backend import RollingRate, provenance_runs, provenance_spans, spans_from_runs
+from tui.display import RollingRate, provenance_runs, provenance_spans, spans_from_runs
 from tui.screens.chat import ChatScreen
 from tui.screens.dialogs import ConfirmScreen, PickScreen, TextScreen
 from tui.screens.loading import LoadingScreen
@@ -506,13 +506,13 @@ def test_loading_screen_shows_progress(tmp_path):
 def test_chat_command_starts_the_app_on_the_default_pair(tmp_path, monkeypatch):
     pytest.importorskip("llama_cpp", reason="the CLI's shared options import the engine (llama-cpp-python)")
     from edgespec.cli import main
-    from tui.backend import LlamaBackend
+    from edgespec.session import ChatBackend
 
     started = []
     monkeypatch.setattr(ChatApp, "run", lambda self: started.append(self))
     assert main(["chat", "--max-tokens", "9", "--temperature", "0.5", "--system", "Be brief."]) == 0
     (app,) = started
-    assert isinstance(app.backend, LlamaBackend) and app.pair is None and app.backend.args.pair is None
+    assert isinstance(app.backend, ChatBackend) and app.pair is None and app.backend.request.pair is None
     assert app.settings.max_tokens == 9 and app.settings.sampling.temperature == 0.5
     assert app.settings.system_prompt == "Be brief."
     assert app.store.path == tmp_path / "chats.sqlite3"
@@ -639,12 +639,11 @@ def test_real_bundled_pair_end_to_end(tmp_path, monkeypatch):
     monkeypatch.delenv("EDGESPEC_HOME", raising=False)  # use the installed models
     from edgespec.cli import build_parser
     from edgespec.decoding.chat import ChatSettings
-    from tui.backend import LlamaBackend
+    from edgespec.session import ChatBackend
 
     args = build_parser().parse_args(["chat", "--ctx", "1024", "--strategy", "chain"])
-    app = ChatApp(
-        LlamaBackend(args), ChatStore(tmp_path / "chats.sqlite3"), settings=ChatSettings(max_tokens=8)
-    )
+    store = ChatStore(tmp_path / "chats.sqlite3")
+    app = ChatApp(ChatBackend.from_args(args), store, settings=ChatSettings(max_tokens=8))
 
     async def scenario():
         async with app.run_test(size=SIZE) as pilot:

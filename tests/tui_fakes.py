@@ -20,8 +20,8 @@ from edgespec.decoding.chat import ChatSettings, Message
 from edgespec.decoding.events import EmittedToken, GenerationStats, Provenance, StepEvent, StepTimings
 from edgespec.errors import ContextFullError, EdgespecError
 from edgespec.planner.tree import ChildRule, PlanStats, SparseDist, TreeBuilder
+from edgespec.session import LoadedPair
 from edgespec.strategy import StrategyChoice
-from tui.backend import LoadedPair
 
 ACCEPT_PATTERN = (3, 1, 0, 2, 4)  # draft tokens accepted in successive steps (capped by the budget)
 STRATEGIES = ("none", "chain", "tsd", "gsd", "ngram", "mcsd-target-init", "auto")

@@ -7,8 +7,8 @@ from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.screen import Screen
 
 from edgespec.decoding.chat import ChatSettings
+from edgespec.session import Backend
 
-from .backend import Backend
 from .screens.chat import ChatScreen
 from .storage import ChatStore
 

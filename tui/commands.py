@@ -13,8 +13,8 @@ from textual.binding import Binding
 
 from edgespec.decoding.chat import ChatSettings
 from edgespec.errors import EdgespecError
+from edgespec.strategy import StrategyChoice
 
-from .backend import StrategyChoice
 from .guards import notify_errors, when_idle
 from .screens.dialogs import ConfirmScreen, PickScreen, TextScreen
 from .screens.options import SettingsScreen, StrategyScreen

@@ -111,7 +111,7 @@ class LoadProgress(Message):
 
 
 class PairLoaded(Message):
-    def __init__(self, loaded) -> None:  # loaded: tui.backend.LoadedPair
+    def __init__(self, loaded) -> None:  # loaded: edgespec.session.LoadedPair
         super().__init__()
         self.loaded = loaded
 

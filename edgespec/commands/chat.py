@@ -23,12 +23,13 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from tui.app import ChatApp
-    from tui.backend import LlamaBackend
     from tui.storage import ChatStore
+
+    from ..session import ChatBackend
 
     settings = ChatSettings(
         sampling=options.sampling_params(args), max_tokens=args.max_tokens, system_prompt=args.system
     )
-    app = ChatApp(LlamaBackend(args), ChatStore(), settings=settings)
+    app = ChatApp(ChatBackend.from_args(args), ChatStore(), settings=settings)
     app.run()
     return int(app.return_code or 0)

@@ -42,21 +42,22 @@ def run(args) -> int:
     from ..server.app import create_app
     from ..server.protocol import Defaults
     from ..server.worker import Worker
+    from ..session import ChatBackend, start_session
 
     if args.host not in LOOPBACK and not args.api_key:
         print(
             f"edgespec: note: {args.host} is reachable from other machines and no --api-key is set.",
             file=sys.stderr,
         )
-    worker = Worker(lambda: load(args), max_queue=args.queue)
-    loaded = worker.start()
-    name = args.model_name or loaded.name
+    worker = Worker(lambda: start_session(ChatBackend.from_args(args)), max_queue=args.queue)
+    session = worker.start()
+    name = args.model_name or session.name
     defaults = Defaults(model=name, sampling=options.sampling_params(args), max_tokens=args.max_tokens)
-    app = create_app(worker, defaults, loaded.strategy, api_key=args.api_key)
+    app = create_app(worker, defaults, session.strategy, api_key=args.api_key)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False)
     server = uvicorn.Server(config)
     try:
-        return 0 if _serve(server, args.host, args.port, name, loaded.strategy) else 1
+        return 0 if _serve(server, args.host, args.port, name, session.strategy) else 1
     finally:
         worker.stop()
 
@@ -75,18 +76,3 @@ def _serve(server, host: str, port: int, name: str, strategy: str) -> bool:
     print(f"edgespec: serving {name} ({strategy}) on http://{host}:{bound}/v1", file=sys.stderr, flush=True)
     server.run(sockets=[sock])
     return server.started
-
-
-def load(args):
-    """Runs on the generation thread: the pair and planner through the same facade as `edgespec chat`."""
-    from tui.backend import LlamaBackend
-
-    from ..server.worker import Loaded
-
-    backend = LlamaBackend(args)
-    pair = backend.load(None, lambda stage, done, total: None)
-    planner = backend.make_planner(pair.defaults)
-    if planner is not None and not pair.engine.has_draft:
-        raise EdgespecError("this strategy needs a draft model: give --draft, or use --strategy none.")
-    pair.engine.prepare(planner, lambda what, done, total: None)
-    return Loaded(pair.engine, planner, pair.defaults.name if planner is not None else "none", pair.name)

@@ -1,9 +1,11 @@
 """The one generation thread: it loads the model pair, owns it, and answers queued jobs in arrival order.
 
-llama.cpp contexts are not thread-safe (the engine raises ``EngineError`` on concurrent use), so no
-other thread ever touches the pair: HTTP handlers only enqueue a ``Job`` and read what it delivers.
-Each answer starts from empty KV caches (``engine.forget()``): a cancelled or finished request can
-never change the next one's tokens, at the price of decoding every prompt in full.
+The pair comes from the chat facade (``edgespec.session``, shared with the chat app): ``load`` returns
+a ``ChatSession``, the pair and the planner every answer drafts with. llama.cpp contexts are not
+thread-safe (the engine raises ``EngineError`` on concurrent use), so no other thread ever touches
+the pair: HTTP handlers only enqueue a ``Job`` and read what it delivers. Each answer starts from
+empty KV caches (``engine.forget()``): a cancelled or finished request can never change the next
+one's tokens, at the price of decoding every prompt in full.
 """
 
 from __future__ import annotations
@@ -12,23 +14,12 @@ import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from ..decoding.events import GenerationStats
+from ..session import ChatSession
 from .protocol import ChatRequest
 
-if TYPE_CHECKING:
-    from tui.backend import ChatEngine
-
 DONE = object()  # delivered last, after the events (and the error, if any)
-
-
-@dataclass(frozen=True)
-class Loaded:
-    engine: ChatEngine  # tui.backend's facade: the same engine the chat app drives
-    planner: object | None  # None: plain decoding
-    strategy: str  # reported in each response's timings
-    name: str  # the pair's name: the model id by default
 
 
 @dataclass
@@ -44,22 +35,22 @@ class QueueFull(Exception):
 
 
 class Worker:
-    def __init__(self, load: Callable[[], Loaded], max_queue: int = 8):
+    def __init__(self, load: Callable[[], ChatSession], max_queue: int = 8):
         self._load = load  # runs on the worker thread
         self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self._ready = threading.Event()
         self._load_error: BaseException | None = None
-        self.loaded: Loaded | None = None
+        self.session: ChatSession | None = None
         self._current: Job | None = None
         self._thread = threading.Thread(target=self._run, name="edgespec-generation", daemon=True)
 
-    def start(self) -> Loaded:
+    def start(self) -> ChatSession:
         """Start the thread and wait until the pair is loaded (re-raises a load error here)."""
         self._thread.start()
         self._ready.wait()
         if self._load_error is not None:
             raise self._load_error
-        return self.loaded
+        return self.session
 
     def submit(self, job: Job) -> None:
         """Queue ``job`` behind the others; ``QueueFull`` when ``max_queue`` jobs already wait."""
@@ -89,7 +80,7 @@ class Worker:
 
     def _run(self) -> None:
         try:
-            self.loaded = self._load()
+            self.session = self._load()
         except BaseException as exc:  # reported by start() on the caller's thread
             self._load_error = exc
             return
@@ -99,18 +90,16 @@ class Worker:
             while (job := self._jobs.get()) is not None:
                 self._answer(job)
         finally:
-            self.loaded.engine.close()
+            self.session.close()
 
     def _answer(self, job: Job) -> None:
-        loaded, self._current = self.loaded, job
+        session, self._current = self.session, job
         try:
             if job.cancel.is_set():  # the client left while it waited
                 return
-            loaded.engine.forget()
+            session.engine.forget()
             request = job.request
-            for event in loaded.engine.stream(
-                loaded.planner, request.messages, request.settings, job.cancel, job.stats
-            ):
+            for event in session.stream(request.messages, request.settings, job.cancel, job.stats):
                 job.deliver(event)
         except Exception as exc:  # the handler turns it into an error response; the server goes on
             job.deliver(exc)

@@ -20,11 +20,12 @@ from textual.widgets import Footer
 
 from edgespec.decoding.chat import ChatSettings, Message
 from edgespec.errors import EdgespecError
+from edgespec.session import Backend, LoadedPair, draft_problem
 from edgespec.strategy import StrategyChoice
 
 from .. import messages as msg
-from ..backend import Backend, LoadedPair, spans_from_runs
 from ..commands import KEYS, Commands
+from ..display import spans_from_runs
 from ..guards import notify_errors, when_idle
 from ..storage import ChatStore, title_from
 from ..widgets.chat_log import ChatLog, answer_meta
@@ -177,13 +178,8 @@ class ChatScreen(Commands, Screen):
         except (EdgespecError, ValueError, TypeError) as exc:
             self.notify(f"cannot use strategy {choice.name}: {exc}", severity="error", timeout=12)
             return False
-        if planner is not None and planner.needs_draft and not self.loaded.engine.has_draft:
-            self.notify(
-                f"{self.loaded.name} was loaded without a draft model, so only plain decoding ('none') "
-                "and copying from the conversation ('ngram') work. Start edgespec chat with --draft to "
-                "speculate.",
-                severity="error",
-            )
+        if (problem := draft_problem(planner, self.loaded)) is not None:
+            self.notify(problem, severity="error")
             return False
         self.strategy, self.planner = choice, planner
         self.strategy_chosen = self.strategy_chosen or chosen

@@ -19,7 +19,7 @@ from edgespec.decoding.events import GenerationStats
 from edgespec.errors import EdgespecError
 
 from .. import messages as msg
-from ..backend import RollingRate, provenance_runs, provenance_spans, stats_snapshot, tree_snapshot
+from ..display import RollingRate, provenance_runs, provenance_spans, stats_snapshot, tree_snapshot
 from ..guards import notify_errors
 from ..storage import ChatStore
 from .chat_log import AnswerMessage, answer_meta

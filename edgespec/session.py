@@ -1,0 +1,267 @@
+"""The chat facade: what `edgespec chat` (the TUI) and `edgespec serve` share to load a pair, build its
+planners and stream replies. Nothing here knows about a screen or about HTTP.
+
+    backend = ChatBackend.from_args(args)            # or ChatBackend(LoadRequest(pair=..., choice=...))
+    loaded = backend.load(None, on_progress)         # LoadedPair: engine, name, defaults (its first choice)
+    planner = backend.make_planner(loaded.defaults)  # via edgespec.strategy.make_planner; None: plain
+    draft_problem(planner, loaded)                   # why it cannot run on this pair, or None
+    loaded.engine.prepare(planner, on_progress)      # the pair's cost profile, if the planner uses one
+    for event in loaded.engine.stream(planner, messages, settings, cancel, stats): ...
+
+The chat app runs these steps itself (it switches pairs and strategies while it runs); a server runs
+them once through ``start_session`` and answers every request with the ``ChatSession`` it returns.
+
+The protocols are the seam: a ``ChatEngine`` is anything that streams ``StepEvent``s for chat messages
+(``PairEngine`` wraps a ``ModelPair``; tests/tui_fakes.py has a fake), and a ``Backend`` anything that
+loads one (``ChatBackend``; the fake's ``FakeBackend``), so the app, the server and their tests run
+the same code. Modules that need llama_cpp are imported inside functions: importing this module needs
+neither llama_cpp nor Textual.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from .decoding.events import GenerationStats, StepEvent
+from .errors import EdgespecError
+from .planner.tree import Planner
+from .strategy import CHOICES, PairDefaults, StrategyChoice, make_planner, needs_draft
+
+if TYPE_CHECKING:
+    import argparse
+
+    from .decoding.chat import ChatSettings, Message
+    from .engine.pair import EngineSettings, ModelPair
+    from .models.pairs import ResolvedPair
+
+LoadCallback = Callable[[str, int, int], None]  # (stage, done bytes, total bytes; 0 = unknown)
+
+
+class ChatEngine(Protocol):
+    """A loaded pair, as the chat app and the server use it. Not thread-safe: one thread drives it."""
+
+    n_ctx: int  # the context window
+    has_draft: bool  # False when loaded for plain decoding (and copying) only
+
+    def piece(self, token: int) -> str:
+        """A token's text (for drawing tree nodes)."""
+        ...
+
+    def context_used(self) -> int:
+        """Tokens in the target's cache (prompt + answer so far)."""
+        ...
+
+    def prepare(self, planner: Planner | None, on_progress: LoadCallback) -> None:
+        """Give ``planner`` what it needs from this pair before it drafts (auto, OPT-Tree: the pair's
+        cost profile, measured here the first time). Runs on the thread that then streams."""
+        ...
+
+    def stream(
+        self,
+        planner: Planner | None,
+        messages: Sequence[Message],
+        settings: ChatSettings,
+        cancel: threading.Event,
+        stats: GenerationStats,
+    ) -> Iterator[StepEvent]:
+        """The assistant's reply to ``messages`` step by step (its last event has a ``finish_reason``);
+        it stops at the next step once ``cancel`` is set; totals accumulate into ``stats``."""
+        ...
+
+    def forget(self) -> None:
+        """Empty the KV caches, so nothing cached can change the next answer (``edgespec serve``)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class LoadedPair:
+    engine: ChatEngine
+    name: str  # shown in the status bar, saved with each answer, the server's model id by default
+    defaults: StrategyChoice  # the first strategy: the command line's, under the pair's models.toml entry
+
+
+class Backend(Protocol):
+    """What loads pairs and builds their planners (``ChatBackend``; the tests' ``FakeBackend``)."""
+
+    strategies: tuple[str, ...]  # selectable strategy names, "none" (plain decoding) first
+
+    def pairs(self) -> list[str]:
+        """Registry pairs whose models are installed (or can be assembled offline)."""
+        ...
+
+    def load(self, pair: str | None, on_progress: LoadCallback) -> LoadedPair:
+        """Load ``pair`` (None: the one the request names, else the default pair). Slow: not on a UI
+        thread. The previous pair stays loaded: close its engine first to free its memory."""
+        ...
+
+    def make_planner(self, choice: StrategyChoice) -> Planner | None:
+        """The planner for ``choice`` on the last loaded pair (None: plain decoding); ``EdgespecError``,
+        ``ValueError`` or ``TypeError`` when the choice's parameters are wrong."""
+        ...
+
+
+def draft_problem(planner: Planner | None, loaded: LoadedPair) -> str | None:
+    """Why ``planner`` cannot run on ``loaded`` (it drafts, and the pair was loaded without a draft
+    model), or None when it can."""
+    if planner is None or not planner.needs_draft or loaded.engine.has_draft:
+        return None
+    return (
+        f"{loaded.name} was loaded without a draft model, so only plain decoding ('none') and copying "
+        "from the conversation ('ngram') work. Give --draft to speculate."
+    )
+
+
+# -- on real models -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LoadRequest:
+    """Which pair to load and how: a registry pair by name, or model files (``target`` and, to draft,
+    ``draft``); the engine settings; the strategy to start with."""
+
+    pair: str | None = None  # a registry pair; None: the default pair (unless ``target`` is given)
+    target: str | None = None  # a local .gguf or registry model; without ``draft``: plain decoding only
+    draft: str | None = None
+    choice: StrategyChoice = StrategyChoice("auto")
+    engine: EngineSettings | None = None  # None: EngineSettings()
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> LoadRequest:
+        """What `edgespec chat` or `edgespec serve` was asked for on the command line."""
+        from . import options
+
+        choice, engine = options.strategy_choice(args), options.engine_settings(args)
+        return cls(args.pair, args.target, args.draft, choice, engine)
+
+
+class ChatBackend:
+    """Pairs from the registry and the model store (``edgespec.models.pairs``), their planners from
+    ``edgespec.strategy`` — the same path as `generate` and `bench`."""
+
+    strategies = CHOICES
+
+    def __init__(self, request: LoadRequest):
+        self.request = request
+        self.pair: PairDefaults | None = None  # the last loaded pair's defaults (models.toml)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ChatBackend:
+        return cls(LoadRequest.from_args(args))
+
+    def pairs(self) -> list[str]:
+        from .models.pairs import available_pairs
+
+        return available_pairs()
+
+    def resolve(self, pair: str | None, on_progress: LoadCallback) -> tuple[ResolvedPair, StrategyChoice]:
+        """The files and the first strategy choice for ``pair`` (None: what the request names)."""
+        from .models.pairs import resolve_pair
+
+        request, choice = self.request, self.request.choice
+        if pair is None and request.target:  # local files; without a draft: plain decoding only
+            draft = bool(request.draft)
+            resolved = resolve_pair(None, request.target, request.draft, draft, on_progress)
+        else:
+            resolved = resolve_pair(pair or request.pair, on_progress=on_progress)
+        if resolved.draft_path is None and needs_draft(choice.name):
+            choice = StrategyChoice("none")
+        return resolved, choice
+
+    def load(self, pair: str | None, on_progress: LoadCallback) -> LoadedPair:
+        from .models.pairs import open_pair
+
+        resolved, choice = self.resolve(pair, on_progress)
+        on_progress(f"loading {resolved.name} into memory", 0, 0)
+        engine = PairEngine(open_pair(resolved, self.request.engine))
+        self.pair = resolved.defaults
+        return LoadedPair(engine, resolved.name, choice)
+
+    def make_planner(self, choice: StrategyChoice) -> Planner | None:
+        """Cost profiles are attached later, in ``ChatEngine.prepare`` (it measures, on first use)."""
+        return make_planner(choice, self.pair or PairDefaults(""))
+
+
+class PairEngine:
+    """A ``ModelPair`` as a ``ChatEngine``: replies through ``edgespec.decoding.chat.stream_reply``."""
+
+    def __init__(self, pair: ModelPair):
+        self.pair = pair
+        self.n_ctx = pair.target.n_ctx
+        self.has_draft = pair.draft is not None
+        self._with_costs: set[int] = set()  # planners given this pair's cost profile already
+
+    def piece(self, token: int) -> str:
+        return self.pair.target.model.piece(token).decode("utf-8", errors="replace")
+
+    def context_used(self) -> int:
+        return self.pair.context_used()
+
+    def prepare(self, planner: Planner | None, on_progress: LoadCallback) -> None:
+        from .measure.costs import attach
+
+        if planner is not None and id(planner) not in self._with_costs:
+            # auto, OPT-Tree: this pair's cost profile (measured once per pair and machine, cached)
+            attach(planner, self.pair, progress=on_progress)
+            self._with_costs.add(id(planner))
+
+    def stream(self, planner, messages, settings, cancel, stats) -> Iterator[StepEvent]:
+        from .decoding.chat import stream_reply
+
+        return stream_reply(self.pair, planner, messages, settings, cancel=cancel, stats=stats)
+
+    def forget(self) -> None:
+        self.pair.forget()
+
+    def close(self) -> None:
+        self.pair.close()
+
+
+# -- one pair, one planner: a server --------------------------------------------------------------------
+@dataclass(frozen=True)
+class ChatSession:
+    """A loaded pair and the planner it answers with. Owned by one thread (llama.cpp contexts are not
+    thread-safe): ``edgespec serve``'s generation thread."""
+
+    engine: ChatEngine
+    planner: Planner | None  # None: plain decoding
+    strategy: str  # the planner's strategy name ("none": plain decoding), reported with each answer
+    name: str  # the pair's name
+
+    def stream(
+        self,
+        messages: Sequence[Message],
+        settings: ChatSettings,
+        cancel: threading.Event,
+        stats: GenerationStats,
+    ) -> Iterator[StepEvent]:
+        """The reply to ``messages`` (see ``ChatEngine.stream``); it continues from whatever the caches
+        hold: call ``engine.forget()`` first for an answer that depends on nothing before it."""
+        return self.engine.stream(self.planner, messages, settings, cancel, stats)
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def _quiet(stage: str, done: int, total: int) -> None:
+    pass
+
+
+def start_session(backend: Backend, on_progress: LoadCallback | None = None) -> ChatSession:
+    """Load the request's pair with the planner of its first strategy, ready to answer (its cost
+    profile measured if it uses one); ``EdgespecError`` when that planner needs a draft it lacks."""
+    progress = on_progress or _quiet
+    loaded = backend.load(None, progress)
+    try:
+        planner = backend.make_planner(loaded.defaults)
+        problem = draft_problem(planner, loaded)
+        if problem is not None:
+            raise EdgespecError(problem)
+        loaded.engine.prepare(planner, progress)
+    except BaseException:
+        loaded.engine.close()
+        raise
+    strategy = loaded.defaults.name if planner is not None else "none"
+    return ChatSession(loaded.engine, planner, strategy, loaded.name)
