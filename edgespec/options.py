@@ -50,12 +50,6 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         help="turn off llama.cpp's CPU weight repacking (slower; the first row of a batch of up to 8 "
         "tokens then computes like a single token)",
     )
-    group.add_argument(
-        "--no-row-helper",
-        action="store_true",
-        help="read logits rows and decode on one core (default: when --threads leaves a core idle, rows "
-        "are read on two and decodes run on the idle one)",
-    )
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -141,7 +135,6 @@ def engine_settings(args: argparse.Namespace) -> EngineSettings:
         threads=args.threads,
         max_tree_nodes=args.max_tree_nodes,
         repack=not args.no_repack,
-        row_helper=False if args.no_row_helper else None,
     )
 
 

@@ -47,6 +47,8 @@ X86_FEATURES: dict[str, tuple[str, ...]] = {
 }
 PORTABLE = ("GGML_SSE42", "GGML_F16C", "GGML_FMA", "GGML_BMI2", "GGML_AVX", "GGML_AVX2")
 NEVER = ("GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16")
+# In every build: ggml's RPC backend (`edgespec rpc-server`, `--rpc`; part of the cache key).
+ALWAYS = ("-DGGML_RPC=ON",)
 
 
 def cpu_flags(cpuinfo: str) -> set[str]:
@@ -63,7 +65,7 @@ def cmake_args(flags: set[str] | None, user_args: str = "") -> list[str]:
         enabled = set(PORTABLE)
     else:
         enabled = {opt for opt, need in X86_FEATURES.items() if all(f in flags for f in need)}
-    args = ["-DGGML_NATIVE=OFF"]
+    args = ["-DGGML_NATIVE=OFF", *ALWAYS]
     args += [f"-D{opt}={'ON' if opt in enabled else 'OFF'}" for opt in X86_FEATURES]
     args += [f"-D{opt}=OFF" for opt in NEVER]
     # The user's own flags (CUDA, say) come last; AMX stays off even if they ask for native.
@@ -104,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = parser.parse_args(argv)
 
     if platform.machine() not in ("x86_64", "AMD64"):  # no x86 options; ggml picks the architecture's own
-        args = os.environ.get("CMAKE_ARGS", "").split()
+        args = [*ALWAYS, *os.environ.get("CMAKE_ARGS", "").split()]
     else:
         flags = None if opts.portable else cpu_flags(Path("/proc/cpuinfo").read_text())
         args = cmake_args(flags, os.environ.get("CMAKE_ARGS", ""))

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgespec.models.gguf_header import read_header
+from edgespec.engine.gguf_header import read_header
 
 ARCH = "qwen2"
 

@@ -16,9 +16,7 @@ from time import perf_counter
 
 import numpy as np
 
-from edgespec.decoding.sampling import argmax_margin, draft_dists
 from edgespec.engine._llama import ContextSettings
-from edgespec.planner.tree import ChildRule
 
 VOCAB = 48
 EOS = 0
@@ -127,124 +125,6 @@ class FakeContext:
             ranges = {(self.seq_pos_min(s), self.seq_pos_max(s)) for s in ids}
             if len(ranges) > 1:
                 raise AssertionError(f"coupled sequences {ids} have different cached ranges {ranges}")
-
-    def greedy_chain(
-        self, first_tokens, first_position, first_seq_ids, chain_seq, length, p_min, temp, vocab_limit, banned
-    ) -> tuple[int, list[int], list[float]]:
-        """The compiled chain's contract (``Context.greedy_chain``, engine/_chain.c) over this decode."""
-        n = len(first_tokens)
-        positions = range(first_position, first_position + n)
-        self.decode(first_tokens, positions, [tuple(first_seq_ids)] * n, [i == n - 1 for i in range(n)])
-        tokens: list[int] = []
-        probs: list[float] = []
-        decodes, position = 1, first_position + n - 1
-        while True:
-            (dist,) = draft_dists(self.logits_rows(1), 1, temp, vocab_limit, banned)
-            if dist.ids.size == 0:
-                break
-            tokens.append(int(dist.ids[0]))
-            probs.append(float(dist.probs[0]))
-            if len(tokens) >= length or probs[-1] < p_min:
-                break
-            position += 1
-            self.decode([tokens[-1]], [position], [(chain_seq,)], [True])
-            decodes += 1
-        return decodes, tokens, probs
-
-    def greedy_tree(
-        self, first_tokens, first_position, n_tagged, budget, max_passes, k, temp, vocab_limit, banned
-    ) -> tuple:
-        """The compiled DySpec tree's contract (``Context.greedy_tree``, engine/_dyspec.c): the reference,
-        ``dyspec_by_levels``, through a level-by-level Draft over this context, in the C call's shape."""
-        from edgespec.planner.dyspec import dyspec_by_levels
-
-        def grow(draft, tree):
-            return dyspec_by_levels(draft, tree, budget, max_passes)[0]
-
-        return self._tree_by_levels(
-            first_tokens, first_position, n_tagged, k, temp, vocab_limit, banned, grow
-        )
-
-    def opt_tree(self, first_tokens, first_position, n_tagged, levels, k, temp, vocab_limit, banned) -> tuple:
-        """The compiled OPT-Tree levels' contract (``Context.opt_tree``, engine/_opt_tree.c): the reference,
-        ``opt_tree_by_levels``, through a level-by-level Draft over this context, in the C call's shape."""
-        from edgespec.planner.opt_tree import opt_tree_by_levels
-
-        def grow(draft, tree):
-            return len(opt_tree_by_levels(draft, tree, levels))
-
-        return self._tree_by_levels(
-            first_tokens, first_position, n_tagged, k, temp, vocab_limit, banned, grow
-        )
-
-    def _tree_by_levels(self, first_tokens, first_position, n_tagged, k, temp, vocab_limit, banned, grow):
-        """``grow(draft, tree)`` (returns its decodes) through a Draft over this context, from a root whose
-        draft has ``first_tokens`` to catch up on; the result as the compiled trees return it."""
-        from edgespec.engine.draft import Draft
-        from edgespec.planner.tree import TreeBuilder
-
-        draft = Draft(self, top_k=k, vocab_limit=vocab_limit)
-        draft.mask_ids = tuple(banned)
-        draft.tagged_seqs = tuple(range(n_tagged))
-        draft.committed = [-1] * first_position  # only its length is read
-        draft.pending = list(first_tokens)
-        draft.begin_step(temp)
-        sizes: list[int] = []  # the nodes of each decode
-        expand = draft.expand
-        draft.expand = lambda tree, nodes: sizes.append(len(nodes)) or expand(tree, nodes)
-        tree = TreeBuilder(first_tokens[-1])
-        decodes = grow(draft, tree)
-        evaluated = list(tree.dists)  # in evaluation order
-        ids = np.zeros((len(evaluated), k), dtype=np.int32)
-        probs = np.zeros((len(evaluated), k), dtype=np.float64)
-        for row, node in enumerate(evaluated):
-            dist = tree.dists[node]
-            ids[row, : dist.ids.size], probs[row, : dist.ids.size] = dist.ids, dist.probs
-        # by token path: OPT-Tree's reference keeps the best nodes of a tree it grew, renumbered
-        seq_of = {node: draft._path_seq[tuple(tree.path_tokens(node))] for node in evaluated}
-        continued = {(path[:-1], seq) for path, seq in draft._path_seq.items() if seq is not None}
-        taken = [u for u in evaluated if u and (tuple(tree.path_tokens(u)), seq_of[u]) in continued]
-        return (
-            decodes, sizes, tree.parents[1:], tree.tokens[1:], tree.draft_prob[1:], evaluated,
-            [-1 if seq_of[node] is None else seq_of[node] for node in evaluated], ids.tobytes(),
-            probs.tobytes(), [tree.dists[node].ids.size for node in evaluated], taken,
-            len(draft._used_seqs), len(draft.tagged_seqs),
-        )  # fmt: skip
-
-    def decode_top_k(self, tokens, positions, seq_counts, seq_ids, n_rows, k, temp, vocab_limit, banned):
-        """The compiled level's contract (``Context.decode_top_k``, engine/_level.c): this decode, then
-        ``draft_dists`` of its last ``n_rows`` rows, in the C call's shape."""
-        ends = np.cumsum(seq_counts)
-        ids_per_token = [tuple(seq_ids[end - count : end]) for end, count in zip(ends, seq_counts)]
-        n = len(tokens)
-        self.decode(tokens, positions, ids_per_token, [i >= n - n_rows for i in range(n)])
-        dists = draft_dists(self.logits_rows(n_rows), k, temp, vocab_limit, banned)
-        ids = np.zeros((n_rows, k), dtype=np.int32)
-        probs = np.zeros((n_rows, k), dtype=np.float64)
-        for row, dist in enumerate(dists):
-            ids[row, : dist.ids.size], probs[row, : dist.ids.size] = dist.ids, dist.probs
-        return [dist.ids.size for dist in dists], ids.tobytes(), probs.tobytes()
-
-    def greedy_verify(self, tokens, parents, child_rule, first_position, seq_counts, seq_ids) -> tuple:
-        """The compiled verifier's contract (``Context.greedy_verify``, engine/_verify.c): this decode of
-        the packed tree, then the greedy walk down its rows."""
-        depth = [0]
-        for parent in parents[1:]:
-            depth.append(depth[parent] + 1)
-        ends = np.cumsum(seq_counts)
-        ids = [tuple(int(s) for s in seq_ids[end - count : end]) for end, count in zip(ends, seq_counts)]
-        self.decode(tokens, [first_position + d for d in depth], ids, [True] * len(tokens))
-        path, margins, node = [], [], 0
-        while True:
-            if child_rule[node] == ChildRule.LONGEST:
-                raise ValueError("greedy_verify walks no LONGEST node")
-            best, margin = argmax_margin(self._rows[node])
-            path.append(node)
-            margins.append(margin)
-            below = (c for c in range(node + 1, len(tokens)) if parents[c] == node and tokens[c] == best)
-            node = next(below, None)
-            if node is None:
-                return path, best, margins
 
     def logits_rows(self, n_rows: int) -> np.ndarray:
         assert n_rows == self._rows.shape[0], (n_rows, self._rows.shape)

@@ -16,9 +16,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from edgespec.planner.dyspec import dyspec_by_levels
-from edgespec.planner.opt_tree import OptTreeLevels, opt_tree_by_levels
-from edgespec.planner.tree import SparseDist, TreeBuilder, greedy_chain_by_levels
+from edgespec.planner.tree import SparseDist, TreeBuilder
 
 DistFn = Callable[[tuple[int, ...]], SparseDist]
 
@@ -111,15 +109,6 @@ class SyntheticDrafter:
         self.nodes_expanded += len(nodes)
         self.calls.append(nodes)
         return dists
-
-    def greedy_chain(self, tree: TreeBuilder, length: int, p_min: float = 0.0) -> int:
-        return greedy_chain_by_levels(self, tree, length, p_min)  # counted and checked level by level
-
-    def greedy_dyspec(self, tree: TreeBuilder, budget: int, max_passes: int = 0) -> tuple[int, int]:
-        return dyspec_by_levels(self, tree, budget, max_passes)  # counted and checked level by level
-
-    def grow_opt_tree(self, tree: TreeBuilder, levels: OptTreeLevels) -> list[int]:
-        return opt_tree_by_levels(self, tree, levels)  # counted and checked level by level
 
     def parallel_dists(self, tree: TreeBuilder, k: int) -> list[SparseDist]:
         """ParallelSpec's one pass: the distribution after the root, then after the draft's own

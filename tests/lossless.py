@@ -38,8 +38,6 @@ import numpy as np
 
 from edgespec.decoding.verify import verify_sampling
 from edgespec.planner.costmodel import CostModel
-from edgespec.planner.dyspec import dyspec_by_levels
-from edgespec.planner.opt_tree import OptTreeLevels, opt_tree_by_levels
 from edgespec.planner.strategies import STRATEGY_NAMES
 from edgespec.planner.strategies import build as make_planner
 from edgespec.planner.tree import (
@@ -48,7 +46,6 @@ from edgespec.planner.tree import (
     PlanContext,
     SparseDist,
     TreeBuilder,
-    greedy_chain_by_levels,
 )
 
 V = 16  # vocabulary
@@ -136,15 +133,6 @@ class MarkovDrafter:
         for node, dist in zip(nodes, dists):
             tree.dists[node] = dist
         return dists
-
-    def greedy_chain(self, tree: TreeBuilder, length: int, p_min: float = 0.0) -> int:
-        return greedy_chain_by_levels(self, tree, length, p_min)
-
-    def greedy_dyspec(self, tree: TreeBuilder, budget: int, max_passes: int = 0) -> tuple[int, int]:
-        return dyspec_by_levels(self, tree, budget, max_passes)
-
-    def grow_opt_tree(self, tree: TreeBuilder, levels: OptTreeLevels) -> list[int]:
-        return opt_tree_by_levels(self, tree, levels)
 
     def parallel_dists(self, tree: TreeBuilder, k: int) -> list[SparseDist]:
         """ParallelSpec's k + 1 per-depth distributions: the draft after the root, then after the

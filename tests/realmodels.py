@@ -45,21 +45,15 @@ def steps_with_rows(pair, planner, request: Request, keep=np.copy) -> tuple[list
     """The steps of ``request`` that verified a tree, each with ``keep`` of its verify rows (one row per
     tree node; ``keep`` reduces them before the next decode reuses the buffer)."""
     kept: list = []
-    original, original_greedy = pair.target.verify, pair.target.verify_greedy
+    original = pair.target.verify
 
     def recording_verify(tree, *args):
         layout, rows = original(tree, *args)
         kept.append(keep(rows))
         return layout, rows
 
-    def recording_verify_greedy(tree):  # the compiled walk leaves its rows in the logits buffer
-        verdict = original_greedy(tree)
-        kept.append(keep(pair.target.ctx.logits_rows(tree.size)))
-        return verdict
-
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(pair.target, "verify", recording_verify)
-        patch.setattr(pair.target, "verify_greedy", recording_verify_greedy)
         events = [e for e in generate(pair, planner, request) if e.verified_nodes]
     assert len(events) == len(kept)
     return events, kept

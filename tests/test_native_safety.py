@@ -52,7 +52,9 @@ def test_install_flags_never_native_never_amx():
     # AVX-512 needs all five sub-extensions ggml turns on together
     assert _flags(install.cmake_args(ZEN3 | {"avx512f"}))["GGML_AVX512"] == "OFF"
     portable = _flags(install.cmake_args(None))
-    assert [o for o, v in portable.items() if v == "ON"] == list(install.PORTABLE)
+    assert [o for o, v in portable.items() if v == "ON"] == ["GGML_RPC", *install.PORTABLE]
+    # ggml's RPC backend in every build (edgespec rpc-server, --rpc), CPU flags or not
+    assert spr["GGML_RPC"] == zen3["GGML_RPC"] == "ON"
     # the user's own flags (CUDA) come after ours, and change the cache key
     cuda = install.cmake_args(ZEN3, "-DGGML_CUDA=on")
     assert cuda[-1] == "-DGGML_CUDA=on"
@@ -153,7 +155,7 @@ def test_backend_probe_runs_once_then_costs_nothing(draft_path, tmp_path, monkey
     from edgespec.engine._backend import system_info
 
     info = system_info()
-    probe.ensure_backend_works(draft_path, True, 0, info, home=tmp_path)
+    probe.ensure_backend_works(draft_path, True, 0, info, tmp_path / "probes")
     assert len(list((tmp_path / "probes").glob("*.ok"))) == 1
 
     def must_not_run(*args, **kwargs):
@@ -161,7 +163,7 @@ def test_backend_probe_runs_once_then_costs_nothing(draft_path, tmp_path, monkey
 
     monkeypatch.setattr(probe, "run_probe", must_not_run)
     started = monotonic()
-    probe.ensure_backend_works(draft_path, True, 0, info, home=tmp_path)
+    probe.ensure_backend_works(draft_path, True, 0, info, tmp_path / "probes")
     assert monotonic() - started < 0.05
     with pytest.raises(AssertionError, match="probed again"):  # other settings: another probe
-        probe.ensure_backend_works(draft_path, False, 0, info, home=tmp_path)
+        probe.ensure_backend_works(draft_path, False, 0, info, tmp_path / "probes")

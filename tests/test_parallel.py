@@ -13,7 +13,8 @@ from fake_llama import FakePair
 from fakes import random_dist_fn
 
 from edgespec.decoding.decoder import Request, generate
-from edgespec.decoding.sampling import SamplingParams, draft_dists
+from edgespec.decoding.sampling import SamplingParams
+from edgespec.engine.rows import draft_dists
 from edgespec.planner.dyspec import draw_order
 from edgespec.planner.parallel import ParallelSpecPlanner
 from edgespec.planner.tree import ChildRule, PlanContext, TreeBuilder

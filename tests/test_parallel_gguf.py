@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import randomgguf as R
 
-from edgespec.decoding.sampling import draft_dists
 from edgespec.engine import DEFAULT_MASK_IDS, EngineSettings, ModelPair, read_adapter
 from edgespec.engine._llama import Context, ContextSettings, Model
 from edgespec.engine.draft import Draft
 from edgespec.engine.parallel import file_sha256
+from edgespec.engine.rows import draft_dists
 from edgespec.engine.runners import CachedModel
 from edgespec.errors import EngineError
 from edgespec.planner.tree import DraftSetup, TreeBuilder

@@ -449,30 +449,6 @@ def test_opt_tree_sizes_the_final_tree_by_the_cost_curves():
     assert steep.size == 1
 
 
-@pytest.mark.parametrize("seed", range(60))
-def test_opt_tree_final_size_in_python_is_best_size(seed):
-    """Step 4 without numpy (``FinalSizing.best_m``) picks exactly ``costmodel.best_size``'s m: random
-    p̂ (some zero: equal rates, where the smaller tree must win), random verify curves with dips and
-    flat stretches, random draft levels (their seconds move the best m) and overheads."""
-    from edgespec.planner.costmodel import CostModel, best_size
-
-    rng = np.random.default_rng(seed)
-    n = int(rng.integers(1, 40))
-    verify = np.round(rng.uniform(0.5, 1.5, 80), 1)  # rounded: flat stretches
-    level = rng.uniform(0.0, 4.0, 80)
-    costs = CostModel(verify, level, level, overhead=float(rng.choice([0.0, 3e-4, 0.02])))
-    planner = OptTreePlanner(budget=n)
-    planner.use_costs(costs)
-    phat = np.sort(rng.uniform(0.0, 1.0, n + 5))[::-1]
-    phat[rng.integers(0, n + 6) :] = 0.0  # a tail that adds nothing
-    path_prob = [1.0, *phat.tolist()]
-    ranked = sorted(range(1, len(path_prob)), key=path_prob.__getitem__, reverse=True)[:n]
-    levels = [1, *rng.integers(1, n + 1, int(rng.integers(0, 6))).tolist()]
-    drafting = sum(costs.d(size) for size in levels)
-    expected = best_size(0.0, 0, np.array([path_prob[u] for u in ranked]), drafting, 1.0, costs, n).m
-    assert planner.sizing(n).best_m(path_prob, ranked, levels) == expected
-
-
 # -- DySpec ------------------------------------------------------------------------------------------
 def reference_alg1(dist_for, root: int, m: int, seed: int | None):
     """DySpec Algorithm 1 as printed: one draft call per node, the residual R kept explicitly."""

@@ -1,5 +1,6 @@
-"""The draft side's fast top-k against the full-vocabulary computation: same ids in the same order
-(ties by id), probabilities within 1e-6."""
+"""The row reductions against the full-vocabulary computation: same ids in the same order (ties by id),
+probabilities within 1e-6 — for both implementations, the compiled kernel and numpy (every test runs on
+each); and the kernel's loader: missing or stale, numpy with a one-line notice."""
 
 from __future__ import annotations
 
@@ -9,9 +10,24 @@ import numpy as np
 import pytest
 from sampling_reference import argpartition_top_k, full_vocabulary_top_k
 
-from edgespec.decoding.sampling import argmax_margin, draft_dists
+from edgespec.engine import rows as row_module
+from edgespec.engine.rows import KernelWarning, argmax_margin, draft_dists
 
 QWEN_VOCAB = 151_936
+
+
+@pytest.fixture(autouse=True, params=["kernel", "numpy"])
+def path(request, monkeypatch):
+    """Every test of this module on the compiled kernel, then on numpy (EDGESPEC_ROW_KERNEL=numpy)."""
+    row_module.kernel.cache_clear()
+    if request.param == "numpy":
+        monkeypatch.setenv("EDGESPEC_ROW_KERNEL", "numpy")
+        assert row_module.kernel() is None
+    else:
+        monkeypatch.delenv("EDGESPEC_ROW_KERNEL", raising=False)
+        assert row_module.kernel() is not None, "the compiled row kernel was not built (pip install -e .)"
+    yield request.param
+    row_module.kernel.cache_clear()
 
 
 def assert_same_top_k(rows, k, temperature, vocab_limit):
@@ -98,7 +114,9 @@ def test_argmax_margin_is_first_maximum_and_top_one_minus_top_two():
         assert argmax_margin(row) == (int(np.argmax(row)), float(top2[1] - top2[0]))
 
 
-def test_row_kernels_refuse_what_they_cannot_read():
+def test_row_kernels_refuse_what_they_cannot_read(path):
+    if path == "numpy":
+        pytest.skip("numpy reads any row it is given")
     with pytest.raises(ValueError, match="float"):
         argmax_margin(np.zeros(10, np.float64))
     with pytest.raises(ValueError, match="empty"):
@@ -107,10 +125,52 @@ def test_row_kernels_refuse_what_they_cannot_read():
         draft_dists(np.zeros((8, 100), np.float32)[:, ::2], 4, 1.0, 50)
 
 
+def test_both_paths_give_the_same_ids(path, monkeypatch):
+    """The kernel and numpy on the same rows (banned ids, ties, a vocabulary limit): identical ids and
+    argmaxes; probabilities and margins within 1e-6."""
+    rng = np.random.default_rng(9)
+    rows = np.round(llm_like_rows(rng, 6, QWEN_VOCAB) * 4) / 4  # coarse: ties at the k-th place
+    banned = [int(i) for i in np.argsort(-rows[0])[:3]] + [QWEN_VOCAB - 1]
+    results = {}
+    for which in ("kernel", "numpy"):
+        row_module.kernel.cache_clear()
+        monkeypatch.setenv("EDGESPEC_ROW_KERNEL", which)
+        dists = draft_dists(rows, 32, 0.8, QWEN_VOCAB - 5, banned)
+        results[which] = (dists, [argmax_margin(r) for r in rows])
+    (dists_c, tops_c), (dists_n, tops_n) = results["kernel"], results["numpy"]
+    for a, b in zip(dists_c, dists_n):
+        np.testing.assert_array_equal(a.ids, b.ids)
+        np.testing.assert_allclose(a.probs, b.probs, rtol=0, atol=1e-6)
+    assert [t for t, _ in tops_c] == [t for t, _ in tops_n]
+    np.testing.assert_allclose([m for _, m in tops_c], [m for _, m in tops_n], atol=1e-6)
+
+
+def test_a_missing_or_stale_kernel_gives_numpy_and_one_notice(path, monkeypatch):
+    import sys
+    import types
+
+    monkeypatch.delenv("EDGESPEC_ROW_KERNEL", raising=False)
+    stale = types.ModuleType("edgespec.engine._rows")
+    stale.ABI = row_module.KERNEL_ABI - 1  # an extension left by an older install
+    monkeypatch.setitem(sys.modules, "edgespec.engine._rows", stale)
+    monkeypatch.delattr("edgespec.engine._rows", raising=False)
+    row_module.kernel.cache_clear()
+    with pytest.warns(KernelWarning, match="stale"):
+        assert row_module.kernel() is None
+    monkeypatch.setitem(sys.modules, "edgespec.engine._rows", None)  # not built: the import fails
+    row_module.kernel.cache_clear()
+    with pytest.warns(KernelWarning, match="not installed"):
+        assert row_module.kernel() is None
+    rows = llm_like_rows(np.random.default_rng(0), 2, 1000)
+    assert [d.ids.tolist() for d in draft_dists(rows, 4, 1.0, 1000)] == np.argsort(-rows)[:, :4].tolist()
+
+
 @pytest.mark.slow
-def test_micro_benchmark_per_row():
+def test_micro_benchmark_per_row(path):
     """Per-row cost on 152k-float rows against the previous argpartition + float64 logsumexp, printed
     (run with -s -m slow); the fast path must be at least twice as fast."""
+    if path == "numpy":
+        pytest.skip("times the kernel")
     rng = np.random.default_rng(0)
     for n_rows in (1, 16):
         rows = llm_like_rows(rng, n_rows, QWEN_VOCAB)

@@ -15,9 +15,10 @@ from time import perf_counter
 
 import numpy as np
 
+from ..engine.rows import argmax_margin, draft_dists
 from ..planner.tree import DraftTree, PlanContext, Planner, SparseDist
 from .events import EmittedToken, Provenance, StepEvent, StepTimings
-from .sampling import SamplingParams, argmax_margin, draft_dists, sample, target_probs
+from .sampling import SamplingParams, sample, target_probs
 from .text import Detokenizer, StopStrings
 from .verify import Verdict, verify_greedy, verify_sampling
 
@@ -176,15 +177,9 @@ def speculative_step(
         verified = perf_counter()
         verdict, emitted = Verdict((0,), token), (EmittedToken(token, Provenance.TARGET, margin),)
     else:
-        if params.greedy and root_row is None:
-            # pack + the one target decode + the greedy walk (``decide``'s), in one compiled call
-            layout, path, token, path_margins = target.verify_greedy(tree)
-            verified = perf_counter()
-            verdict = Verdict(path, token)
-        else:
-            layout, target_rows = target.verify(tree, root_row)  # pack + the one target decode
-            verified = perf_counter()
-            verdict, path_margins = decide(tree, target_rows, params, rng)
+        layout, target_rows = target.verify(tree, root_row)  # pack + the one target decode
+        verified = perf_counter()
+        verdict, path_margins = decide(tree, target_rows, params, rng)
         emitted = provenance(tree, verdict, path_margins)
         target.commit(tree, layout, verdict.path, root_committed=root_row is not None)
     draft.commit(tree, verdict.path, verdict.next_token)

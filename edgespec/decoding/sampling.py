@@ -3,22 +3,15 @@
 Target side: one dense distribution p per tree node the verifier visits (only the accepted path), in
 numpy; under greedy only each visited row's argmax and margin.
 Draft side: a whole level's rows at once, reduced to their top-K candidates with the full softmax's
-probabilities. The row reductions run in ``_rows.c``: one read of a row gives its block maxima (the
-max, and a floor under the top K: the top K are found among the few logits above it) and, at T = 1,
-the normaliser, with a vectorised float32 exp.
+probabilities (``engine.rows.draft_dists``, run by the draft as it decodes).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..planner.tree import SparseDist
-from . import _rows
-
-_NO_IDS = np.zeros(0, dtype=np.int32)
 TOP_P_PARTITION = 2048  # top-p is resolved among this many best logits when their mass suffices
 
 
@@ -32,12 +25,6 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
-
-
-def argmax_margin(logits_row: np.ndarray) -> tuple[int, float]:
-    """The target's greedy token (the first maximum, as ``np.argmax``) and top-1 minus top-2 logit: how
-    close that decision was to a tie (0 when the top is shared). One compiled pass over the row."""
-    return _rows.argmax_margin(logits_row)
 
 
 def target_probs(logits_row: np.ndarray, params: SamplingParams) -> np.ndarray:
@@ -79,27 +66,6 @@ def _kept_ids(scaled: np.ndarray, params: SamplingParams) -> np.ndarray | None:
 def _logsumexp(x: np.ndarray) -> float:
     peak = x.max()
     return float(peak + np.log(np.exp(x - peak).sum()))
-
-
-def draft_dists(
-    logits_rows: np.ndarray, k: int, temperature: float, vocab_limit: int, exclude: Sequence[int] = ()
-) -> list[SparseDist]:
-    """Top-k candidates of each row of a (rows, V) logits block, with full-softmax probabilities.
-
-    ``temperature`` is the draft's softmax temperature (1.0 when the target is greedy, where the
-    probabilities only rank and estimate acceptance). Ids ≥ ``vocab_limit`` (tokens the target's
-    vocabulary lacks) and ids in ``exclude`` (ParallelSpec's [MASK] tokens) are never proposed.
-    Candidates are ordered by logit, descending; equal logits by id, ascending — exactly
-    ``np.argsort(-row, kind="stable")`` without the excluded ids, cut to k. Probabilities are within
-    7e-7 of the float64 softmax, 3e-7 at T = 1 (the bound is in ``_row_kernels.h``).
-    """
-    rows = logits_rows[:, :vocab_limit]  # (R, V) float32, usually a view of llama.cpp's buffer
-    banned = np.unique(np.asarray(exclude, dtype=np.int32)) if len(exclude) else _NO_IDS
-    k = min(k, rows.shape[1])
-    ids = np.empty((rows.shape[0], k), dtype=np.int32)
-    probs = np.empty((rows.shape[0], k), dtype=np.float64)
-    found = _rows.top_k(rows, k, temperature, banned, ids, probs)  # k unless exclude leaves fewer ids
-    return [SparseDist(ids=ids[r, :found], probs=probs[r, :found]) for r in range(rows.shape[0])]
 
 
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:

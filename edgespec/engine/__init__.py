@@ -1,26 +1,34 @@
-"""The only package that imports llama_cpp: contexts, tree batches, KV bookkeeping, logits views."""
+"""The only package that imports llama_cpp: contexts, tree batches, KV bookkeeping, logits views.
 
-from ._backend import backend_versions, compiled_features, supports_gpu_offload, system_info
-from ._llama import ContextSettings, Model
-from .draft import Draft
-from .pair import EngineSettings, ModelPair, check_pairing
-from .parallel import DEFAULT_K, DEFAULT_MASK_IDS, ParallelDrafter, read_adapter
-from .runners import Target
+Names are loaded on first use (PEP 562): the layers above import ``engine.rows`` (the logits-row
+reductions) without loading llama.cpp, e.g. the server before it loads a model.
+"""
 
-__all__ = [
-    "DEFAULT_K",
-    "DEFAULT_MASK_IDS",
-    "ContextSettings",
-    "Draft",
-    "EngineSettings",
-    "Model",
-    "ModelPair",
-    "ParallelDrafter",
-    "backend_versions",
-    "compiled_features",
-    "read_adapter",
-    "Target",
-    "check_pairing",
-    "supports_gpu_offload",
-    "system_info",
-]
+from importlib import import_module
+
+_WHERE = {
+    "backend_versions": "._backend",
+    "compiled_features": "._backend",
+    "supports_gpu_offload": "._backend",
+    "system_info": "._backend",
+    "ContextSettings": "._llama",
+    "Model": "._llama",
+    "Draft": ".draft",
+    "EngineSettings": ".pair",
+    "ModelPair": ".pair",
+    "check_pairing": ".pair",
+    "DEFAULT_K": ".parallel",
+    "DEFAULT_MASK_IDS": ".parallel",
+    "ParallelDrafter": ".parallel",
+    "read_adapter": ".parallel",
+    "Target": ".runners",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(_WHERE[name], __name__), name)
+    globals()[name] = value
+    return value

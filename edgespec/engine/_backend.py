@@ -1,5 +1,5 @@
-"""llama.cpp's backend as a whole: starting it once (silenced, the compiled drafting loops bound), what this
-build and CPU can do (compiled features, GPU offload, versions), and the AMX guard (issue 10).
+"""llama.cpp's backend as a whole: starting it once (silenced), what this build and CPU can do (compiled
+features, GPU offload, versions), and the AMX guard.
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ from functools import cache
 
 import llama_cpp as C
 
-from . import _chain, _dyspec, _level, _opt_tree, _verify
-
 _BACKEND_READY = False
 
 
@@ -22,17 +20,6 @@ def _ensure_backend() -> None:
     if not _BACKEND_READY:
         C.llama_log_set(_SILENT_LOG, ctypes.c_void_p(0))
         C.llama_backend_init()
-        # The compiled drafting loops call these through their addresses in the library llama-cpp-python
-        # loaded (its CDLL, not the module's attributes, which a profiler may have wrapped).
-        library = C.llama_cpp._lib
-        functions = (
-            library.llama_decode,
-            library.llama_synchronize,
-            library.llama_get_logits_ith,
-            library.llama_memory_seq_cp,
-        )
-        for compiled in (_chain, _dyspec, _opt_tree, _verify, _level):
-            compiled.bind(*(address(f) for f in functions))
         _BACKEND_READY = True
 
 

@@ -20,7 +20,6 @@ import numpy as np
 
 from ..errors import EngineError
 from ._backend import _ensure_backend, amx_guard
-from ._compiled import CompiledLoops, _decode_failure
 
 if TYPE_CHECKING:
     from ._lora import LoraAdapter
@@ -163,10 +162,9 @@ class ContextSettings:
     n_batch: int = 512  # also the largest tree a single decode may hold
     n_seq_max: int = 65  # sequence ids: one per leaf of the largest tree (≤ 256)
     n_threads: int = 0  # 0 → all cores
-    row_helper: bool = False  # the compiled loops read rows on two cores (decoding/_row_split.h)
 
 
-class Context(CompiledLoops):
+class Context:
     """A ``kv_unified`` llama context with one reusable batch.
 
     ``kv_unified`` is required: without it every sequence gets its own KV stream and a batch whose
@@ -313,3 +311,18 @@ class Context(CompiledLoops):
             self._live()
             C.llama_memory_clear(self.memory, True)
 
+
+def _decode_failure(rc: int, n_tokens: int, n_ctx: int) -> str:
+    if rc == 1:
+        return (
+            f"no room in the KV cache for {n_tokens} more tokens (context {n_ctx}). Start a new chat, "
+            "raise --ctx, or use a smaller draft budget."
+        )
+    if rc == 2:
+        return "decoding was aborted."
+    if rc == -1:
+        return (
+            f"llama.cpp rejected a batch of {n_tokens} tokens as invalid (sequence ids or positions). "
+            "This is an edgespec bug: please report it with the command you ran."
+        )
+    return f"llama_decode failed with code {rc} (fatal backend error; set EDGESPEC_LLAMA_LOG=1 for details)."

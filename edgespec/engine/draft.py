@@ -1,19 +1,16 @@
 """The draft model: expands a tree level by level, one batched decode per level (the planners'
-``Drafter``), or in one compiled call (the greedy chain, DySpec's greedy tree, OPT-Tree's levels), or —
-ParallelSpec — drafts every depth at once; and its KV bookkeeping (``runners.CachedModel``)."""
+``Drafter``), or — ParallelSpec — drafts every depth at once; and its KV bookkeeping
+(``runners.CachedModel``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from time import perf_counter
-from typing import TYPE_CHECKING
 
-from ..planner.tree import ChildRule, DraftTree, SparseDist, TreeBuilder
+from ..planner.tree import DraftTree, SparseDist, TreeBuilder
 from ._llama import Context
+from .rows import draft_dists
 from .runners import CachedModel
-
-if TYPE_CHECKING:
-    from ..planner.opt_tree import OptTreeLevels
 
 
 class Draft(CachedModel):
@@ -60,8 +57,7 @@ class Draft(CachedModel):
             pending = self._catch_up(room=self.ctx.settings.n_batch)
             base, tagged = len(self.committed), self.tagged_seqs
             positions = range(base, base + len(pending))
-            counts, ids = [len(tagged)] * len(pending), tagged * len(pending)  # each token in every tagged id
-            dists = self._decode_top_k(pending, positions, counts, ids, 1)
+            dists = self._decode_top_k(pending, positions, [tagged] * len(pending), 1)  # in every tagged id
             self.committed.extend(pending)
             self._root_committed(tree)
         else:
@@ -72,115 +68,13 @@ class Draft(CachedModel):
             tree.dists[node] = dist
         return dists
 
-    def _decode_top_k(self, tokens, positions, seq_counts, seq_ids, n_rows: int) -> list[SparseDist]:
-        """One decode and its last ``n_rows`` rows' top-k in one compiled call (``Context.decode_top_k``:
-        the numbers of ``draft_dists`` on its rows), as the rows' distributions."""
+    def _decode_top_k(self, tokens, positions, seq_ids, n_rows: int) -> list[SparseDist]:
+        """One decode (token i at ``positions[i]`` in the sequences ``seq_ids[i]``) and the top-k of its
+        last ``n_rows`` rows: the rows' distributions."""
+        n = len(tokens)
+        self.ctx.decode(tokens, positions, seq_ids, [i >= n - n_rows for i in range(n)])
         k = min(self.top_k, self.vocab_limit)
-        found, ids, probs = self.ctx.decode_top_k(
-            tokens, positions, seq_counts, seq_ids, n_rows, k, self.temperature, self.vocab_limit,
-            sorted(set(self.mask_ids)),
-        )  # fmt: skip
-        return SparseDist.from_rows(ids, probs, k, found)
-
-    def greedy_chain(self, tree: TreeBuilder, length: int, p_min: float = 0.0) -> int:
-        """The chain of the draft's top tokens below the root, drafted in one compiled call (no Python
-        between its decodes); the same tokens, probabilities and KV cells as ``expand`` level by level.
-        See ``Drafter.greedy_chain``."""
-        if tree.size != 1:
-            raise ValueError("greedy_chain drafts from the root alone (planner bug)")
-        start = perf_counter()
-        pending = self._catch_up(room=self.ctx.settings.n_batch)
-        base = len(self.committed)
-        chain_seq = len(self._used_seqs)  # the sequence _fresh_seq gives the root's first child
-        decodes, tokens, probs = self.ctx.greedy_chain(
-            pending, base, self.tagged_seqs, chain_seq, length, p_min, self.temperature, self.vocab_limit,
-            sorted(set(self.mask_ids)),
-        )  # fmt: skip
-        # The bookkeeping of expand([0]), expand([1]), …: the root committed, nodes 1 … decodes − 1
-        # decoded into chain_seq (each continuing its parent's), the last drafted token not decoded.
-        self.committed.extend(pending)
-        self._root_committed(tree)
-        tree.graft(list(range(len(tokens))), tokens, probs, ChildRule.TOP)  # node d below node d − 1
-        path = (int(tree.tokens[0]),)
-        for node in range(1, min(decodes, len(tokens) + 1)):
-            path = (*path, tokens[node - 1])
-            self._node_seq[node] = chain_seq
-            self._path_seq[path] = chain_seq
-            if node > 1:
-                self._seq_taken.add(node - 1)
-        if decodes > 1:
-            self._used_seqs.append(chain_seq)
-        self.decode_seconds += perf_counter() - start
-        self.decodes += decodes
-        return decodes
-
-    def greedy_dyspec(self, tree: TreeBuilder, budget: int, max_passes: int = 0) -> tuple[int, int]:
-        """DySpec's greedy tree drafted in one compiled call (no Python between its decodes); the same
-        nodes, distributions and KV cells as ``dyspec_by_levels`` through ``expand``. See
-        ``Drafter.greedy_dyspec``."""
-        if tree.size != 1:
-            raise ValueError("greedy_dyspec drafts from the root alone (planner bug)")
-        if budget < 1:
-            return 0, 0
-        banned = sorted(set(self.mask_ids))
-        decodes, sizes = self._tree_in_c(
-            tree,
-            lambda pending, base, n_tagged, k: self.ctx.greedy_tree(
-                pending, base, n_tagged, budget, max_passes, k, self.temperature, self.vocab_limit, banned
-            ),
-        )
-        return decodes, sum(sizes)
-
-    def grow_opt_tree(self, tree: TreeBuilder, levels: OptTreeLevels) -> list[int]:
-        """OPT-Tree drafted in one compiled call (no Python between its decodes): the same kept nodes,
-        distributions and KV cells as ``opt_tree_by_levels`` through ``expand``, and the same bookkeeping
-        for the kept nodes (only they come back). See ``Drafter.grow_opt_tree``."""
-        if tree.size != 1:
-            raise ValueError("grow_opt_tree drafts from the root alone (planner bug)")
-        banned = sorted(set(self.mask_ids))
-        return self._tree_in_c(
-            tree,
-            lambda pending, base, n_tagged, k: self.ctx.opt_tree(
-                pending, base, n_tagged, levels, k, self.temperature, self.vocab_limit, banned
-            ),
-        )[1]
-
-    def _tree_in_c(self, tree: TreeBuilder, call) -> tuple[int, list[int]]:
-        """A tree grown from the root by a compiled call — ``call(pending, committed length, tagged ids,
-        k)`` returns (decodes, each decode's evaluated nodes, *the tree as ``_adopt`` takes it) — with
-        ``expand``'s bookkeeping; returns (decodes, the nodes each decode evaluated)."""
-        start = perf_counter()
-        pending = self._catch_up(room=self.ctx.settings.n_batch)
-        k = min(self.top_k, self.vocab_limit)
-        decodes, sizes, *grown = call(pending, len(self.committed), len(self.tagged_seqs), k)
-        self._adopt(tree, pending, k, *grown)
-        self.decode_seconds += perf_counter() - start
-        self.decodes += decodes
-        return decodes, sizes
-
-    def _adopt(
-        self, tree: TreeBuilder, pending: list[int], k: int, parents: list[int], tokens: list[int],
-        probs: list[float], evaluated: list[int], seqs: list[int], ids: bytes, top_probs: bytes,
-        found: list[int], taken: list[int], n_used: int, n_tagged: int,
-    ) -> None:  # fmt: skip
-        """Take a tree a compiled call drafted (``engine/_tree_draft.h``'s result) with the bookkeeping of
-        ``expand`` level by level: the root committed, each evaluated node decoded in its sequence (the
-        root: the committed prefix) with its top-k in ``tree.dists``, the fresh ids used, the prefix
-        tagged with them."""
-        self.committed.extend(pending)
-        self._root_committed(tree)
-        tree.graft(parents, tokens, probs, ChildRule.TOP)
-        paths = {0: (int(tree.tokens[0]),)}  # each evaluated node's token path (its parent came first)
-        dists = SparseDist.from_rows(ids, top_probs, k, found)
-        for node, seq, dist in zip(evaluated, seqs, dists):
-            tree.dists[node] = dist
-            if node:
-                paths[node] = (*paths[tree.parents[node]], tree.tokens[node])
-            self._node_seq[node] = seq if seq >= 0 else None
-            self._path_seq[paths[node]] = self._node_seq[node]
-        self._seq_taken.update(taken)
-        self._used_seqs = list(range(n_used))
-        self.tagged_seqs = tuple(range(n_tagged))
+        return draft_dists(self.ctx.logits_rows(n_rows), k, self.temperature, self.vocab_limit, self.mask_ids)
 
     def parallel_dists(self, tree: TreeBuilder, k: int) -> list[SparseDist]:
         """ParallelSpec's draft pass: the pending tokens (ending with the root) and [MASK]_1 … [MASK]_k
@@ -202,9 +96,9 @@ class Draft(CachedModel):
         pending = self._catch_up(room=self.ctx.settings.n_batch - k)
         base = len(self.committed)
         n, tagged = len(pending), self.tagged_seqs
-        counts, ids = [len(tagged)] * n + [1] * k, [*tagged * n, *[0] * k]  # pending: every tagged id
+        seq_ids = [tagged] * n + [(0,)] * k  # pending: every tagged id; the masks: id 0
         # the rows of the root and of every mask: the last k + 1 tokens
-        dists = self._decode_top_k(pending + masks, range(base, base + n + k), counts, ids, k + 1)
+        dists = self._decode_top_k(pending + masks, range(base, base + n + k), seq_ids, k + 1)
         self.ctx.seq_rm(-1, base + n)  # the mask cells: the only cells past the root
         self.committed.extend(int(t) for t in pending)
         self._root_committed(tree)  # nothing else was decoded
@@ -251,7 +145,7 @@ class Draft(CachedModel):
             seqs.append(seq)
         positions = [self._root_pos + tree.depth[node] for node in nodes]
         tokens = [tree.tokens[node] for node in nodes]
-        return self._decode_top_k(tokens, positions, [1] * len(nodes), seqs, len(nodes))
+        return self._decode_top_k(tokens, positions, [(seq,) for seq in seqs], len(nodes))
 
     def _fresh_seq(self) -> int:
         seq = len(self._used_seqs)

@@ -22,8 +22,6 @@ class TreeLayout:
     seq_ids: tuple[tuple[int, ...], ...]  # per node: the leaf ids below it (its sequence ids)
     leaf_below: tuple[int, ...]  # one leaf id below each node: the sequence kept when it is accepted
     n_leaves: int
-    seq_counts: tuple[int, ...]  # len(seq_ids[i]) — seq_ids flattened for the compiled verifier
-    seq_flat: tuple[int, ...]  # seq_ids[0], then seq_ids[1], …
 
 
 def tree_layout(parents: Sequence[int]) -> TreeLayout:
@@ -58,6 +56,4 @@ def _layout_cached(parents: tuple[int, ...]) -> TreeLayout:
         tuple(tuple(x) for x in ids),
         tuple(leaf_below),
         len(leaves),
-        tuple(len(x) for x in ids),
-        tuple(s for x in ids for s in x),
     )

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..errors import EngineError, PairingError
 from ..planner.tree import DraftSetup
@@ -24,26 +24,31 @@ class EngineSettings:
     max_tree_nodes: int = 64  # largest draft tree (root excluded) a step may verify
     repack: bool = True  # llama.cpp's CPU weight repacking (faster; batch numerics differ from B=1)
     draft_top_k: int = 32  # candidates kept per draft distribution
-    # the compiled loops read each logits row on two cores (decoding/_row_split.h); None: when a core is
-    # idle, i.e. llama.cpp runs on fewer threads than this process may use
-    row_helper: bool | None = None
+    probe_dir: Path | None = None  # where passed backend probes are remembered (None: probe every load)
 
     def context(self) -> ContextSettings:
-        spare_core = 0 < self.threads < len(os.sched_getaffinity(0))
         return ContextSettings(
             n_ctx=self.n_ctx,
             n_batch=max(512, self.max_tree_nodes + 1),
             n_seq_max=min(LLAMA_MAX_SEQ, self.max_tree_nodes + 1),
             n_threads=self.threads,
-            row_helper=spare_core if self.row_helper is None else self.row_helper,
         )
 
 
 class ModelPair:
     """The target (always) and the draft (unless decoding plainly). Owns both; use as a context manager."""
 
-    def __init__(self, target_path: str, draft_path: str | None, settings: EngineSettings | None = None):
+    def __init__(
+        self,
+        target_path: str,
+        draft_path: str | None,
+        settings: EngineSettings | None = None,
+        draft_sha256: str | None = None,
+    ):
+        """``draft_sha256``: the draft file's hash when the loader knows it (the model store's record of
+        this exact file): a trained parallel drafter is checked against it without hashing the file."""
         self.settings = settings or EngineSettings()
+        self._draft_sha256 = draft_sha256
         ctx = self.settings.context()
         self._models: list[Model] = []
         self._adapter: LoraAdapter | None = None  # the draft's LoRA (a parallel drafter), if loaded
@@ -69,7 +74,7 @@ class ModelPair:
         from .probe import ensure_backend_works  # imported late: the probe is also `python -m` run
 
         repack = self.settings.repack and not amx_guard()
-        ensure_backend_works(path, repack, gpu_layers, system_info())
+        ensure_backend_works(path, repack, gpu_layers, system_info(), self.settings.probe_dir)
         model = Model(path, n_gpu_layers=gpu_layers, repack=self.settings.repack)
         self._models.append(model)
         return model
@@ -106,7 +111,7 @@ class ModelPair:
                 f"the adapter {setup.adapter} was trained with K = {spec.k} masks: use --k {spec.k} or fewer"
             )
         if spec.adapter and self._adapter_path() != spec.adapter:
-            check_base(spec, model.path)
+            check_base(spec, model.path, self._draft_sha256)
         self._use_adapter(spec.adapter)
         self.draft.mask_ids = spec.mask_ids
         return spec

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import EngineError
+from .gguf_header import read_header  # arrays included, fast
 
 DEFAULT_K = 4
 DEFAULT_MASK_IDS = (151665, 151666, 151667, 151668)  # unused padding entries of the Qwen2.5 vocabulary
@@ -49,8 +50,6 @@ def untrained(n_vocab: int, k: int = DEFAULT_K) -> ParallelDrafter:
 
 def read_adapter(path: str | Path) -> ParallelDrafter:
     """The ParallelSpec metadata of a GGUF LoRA adapter; an ``EngineError`` naming what is missing."""
-    from ..models.gguf_header import read_header  # arrays included, fast
-
     try:
         kv, _ = read_header(path)
     except (OSError, ValueError) as exc:
@@ -69,12 +68,13 @@ def read_adapter(path: str | Path) -> ParallelDrafter:
     return ParallelDrafter(k, mask_ids, str(path), kv.get("parallelspec.base_sha256"))
 
 
-def check_base(spec: ParallelDrafter, draft_path: str) -> None:
+def check_base(spec: ParallelDrafter, draft_path: str, known_sha256: str | None = None) -> None:
     """The adapter must have been trained on this very draft file (its LoRA deltas mean nothing on
-    other weights)."""
+    other weights). ``known_sha256``: the draft's hash when the caller knows it (the model store's record
+    of this exact file), else it is computed."""
     if spec.base_sha256 is None:
         return
-    if file_sha256(draft_path) != spec.base_sha256.lower():
+    if (known_sha256 or file_sha256(draft_path)).lower() != spec.base_sha256.lower():
         raise EngineError(
             f"the parallel-drafter adapter {spec.adapter} was trained on another draft model "
             f"(sha256 {spec.base_sha256[:12]}…), not {draft_path}. Use the adapter made for this pair's "
@@ -83,12 +83,7 @@ def check_base(spec: ParallelDrafter, draft_path: str) -> None:
 
 
 def file_sha256(path: str) -> str:
-    """The file's sha256: the model store's record when it hashed this exact file, else computed."""
-    from ..measure.costs import model_identity  # the store's record of hashed files (size and mtime checked)
-
-    known = model_identity(path)["sha256"]
-    if known:
-        return str(known).lower()
+    """The file's sha256, computed."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):

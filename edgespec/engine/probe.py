@@ -24,7 +24,6 @@ import sys
 from pathlib import Path
 
 from ..errors import EngineError
-from ..models.paths import home_dir
 
 PROBE_TIMEOUT = 300.0  # seconds: loading a large model from a cold disk can take a while
 BATCH = 16
@@ -60,18 +59,21 @@ def _llama_version() -> str:
 
 
 def ensure_backend_works(
-    model_path: str, repack: bool, gpu_layers: int, system_info: str, home: Path | None = None
+    model_path: str, repack: bool, gpu_layers: int, system_info: str, probe_dir: Path | None = None
 ) -> None:
-    """Probe ``model_path`` in a child process unless this exact combination passed before."""
+    """Probe ``model_path`` in a child process unless this exact combination passed before (remembered
+    in ``probe_dir``; None: probe every time)."""
     key = probe_key(model_path, repack, gpu_layers, system_info, cpu_identity())
-    marker = (home or home_dir()) / "probes" / f"{key}.ok"
-    if marker.exists():
+    marker = probe_dir / f"{key}.ok" if probe_dir is not None else None
+    if marker is not None and marker.exists():
         return
     command = [*_probe_command(), model_path, "--gpu-layers", str(gpu_layers)]
     if not repack:
         command.append("--no-repack")
     if not run_probe(command, model_path):
         return  # an ordinary failure (a bad file, say): loading in-process reports it in its own words
+    if marker is None:
+        return
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text(json.dumps({"model": model_path, "repack": repack, "gpu_layers": gpu_layers}) + "\n")
 

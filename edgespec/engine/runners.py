@@ -123,19 +123,6 @@ class Target(CachedModel):
         self.ctx.decode(tree.tokens, base + layout.depth, layout.seq_ids, [True] * tree.size)
         return layout, self.ctx.logits_rows(tree.size)
 
-    def verify_greedy(self, tree: DraftTree) -> tuple[TreeLayout, tuple[int, ...], int, list[float]]:
-        """``verify`` and the greedy walk over its rows in one compiled call (the same batch, decode and
-        verdict as ``decoding.decoder.decide`` at temperature 0). Returns the layout, the accepted path
-        (root first), the target's next token and its margin at each path node. For trees of two or
-        more nodes whose root is not committed, without LONGEST nodes."""
-        layout = tree_layout(tree.parent_ids)
-        self._tag_prefix(layout.n_leaves, len(self.committed))  # every leaf id sees the prefix
-        path, next_token, margins = self.ctx.greedy_verify(
-            tree.token_ids, tree.parent_ids, tree.child_rules, len(self.committed), layout.seq_counts,
-            layout.seq_flat,
-        )  # fmt: skip
-        return layout, tuple(path), next_token, margins
-
     def commit(
         self, tree: DraftTree, layout: TreeLayout, path: Sequence[int], root_committed: bool = False
     ) -> None:

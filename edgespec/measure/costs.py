@@ -44,6 +44,7 @@ from time import perf_counter
 import numpy as np
 
 from ..models.paths import home_dir
+from ..models.store import model_identity
 from ..planner.costmodel import CostModel
 from ..planner.tree import TreeBuilder, chain_tree
 
@@ -148,24 +149,6 @@ def _interpolate(points: dict[int, float], n_max: int) -> np.ndarray:
 
 
 # -- identity and cache ---------------------------------------------------------------------------------
-def model_identity(path: str) -> dict:
-    """Path, size, mtime, and the sha256 when the store has hashed this exact file (never rehashed here)."""
-    p = Path(path)
-    try:
-        stat = p.stat()
-    except OSError:
-        return {"path": str(path), "size": None, "mtime_ns": None, "sha256": None}
-    sha = None
-    record = p.with_name(p.name + ".verified.json")  # written by the model store after hashing
-    try:
-        data = json.loads(record.read_text())
-        if data.get("size") == stat.st_size and data.get("mtime_ns") == stat.st_mtime_ns:
-            sha = data.get("sha256")
-    except (OSError, ValueError):
-        pass
-    return {"path": str(p), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": sha}
-
-
 def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

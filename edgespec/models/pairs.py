@@ -106,7 +106,15 @@ def _available(store, spec) -> bool:
 
 
 def open_pair(resolved: ResolvedPair, settings):
-    """Load the resolved pair (``settings``: ``EngineSettings``) into memory."""
-    from ..engine.pair import ModelPair
+    """Load the resolved pair (``settings``: ``EngineSettings``) into memory; backend probes are remembered
+    in the data home, and a draft the store has hashed is known by its hash."""
+    from dataclasses import replace
 
-    return ModelPair(resolved.target_path, resolved.draft_path, settings)
+    from ..engine.pair import ModelPair
+    from .paths import home_dir
+    from .store import model_identity
+
+    if settings.probe_dir is None:
+        settings = replace(settings, probe_dir=home_dir() / "probes")
+    draft_sha256 = model_identity(resolved.draft_path)["sha256"] if resolved.draft_path else None
+    return ModelPair(resolved.target_path, resolved.draft_path, settings, draft_sha256)

@@ -1,10 +1,8 @@
 """Chain drafting (SSD, Leviathan et al. / Chen et al.): the draft proposes γ tokens in a row.
 
-One draft decode per token (a level of width 1). Greedy: the draft's top token (one-hot rule), the
-whole chain drafted by ``Drafter.greedy_chain`` (the engine's runs in one compiled call, no Python
-between the decodes). Sampling: one token drawn from q (residual rule), level by level. Optional
-early exit: stop drafting when the draft's own probability of its chosen token falls below ``p_min``
-(llama.cpp's ``--draft-p-min``).
+One draft decode per token (a level of width 1). Greedy: the draft's top token (one-hot rule).
+Sampling: one token drawn from q (residual rule). Optional early exit: stop drafting when the draft's
+own probability of its chosen token falls below ``p_min`` (llama.cpp's ``--draft-p-min``).
 """
 
 from __future__ import annotations
@@ -41,23 +39,19 @@ class ChainPlanner(Planner):
     def plan(self, root_token: int, drafter: Drafter, ctx: PlanContext) -> DraftTree:
         tree = TreeBuilder(root_token)
         gamma = min(self.gamma, ctx.max_nodes - 1)
-        if ctx.sampling:
-            decodes = self._sampled_chain(tree, drafter, gamma, ctx.rng)
-        else:
-            decodes = drafter.greedy_chain(tree, gamma, self.p_min)
-        expected = sum(tree.path_prob[1:])
-        return tree.freeze(PlanStats(draft_decodes=decodes, drafted_nodes=decodes, expected_accept=expected))
-
-    def _sampled_chain(self, tree: TreeBuilder, drafter: Drafter, gamma: int, rng) -> int:
-        """Each token drawn from the draft's q at its level; returns the decodes."""
+        rule = ChildRule.SAMPLED if ctx.sampling else ChildRule.TOP
         node, decodes = 0, 0
         while tree.size - 1 < gamma:
-            (dist,) = drafter.expand(tree, [node])
+            (dist,) = drafter.expand(tree, [node])  # one draft decode: q(· | the chain so far)
             decodes += 1
-            (pick,) = sample_without_replacement(dist, 1, rng)
-            tree.set_children_rule(node, ChildRule.SAMPLED)
+            if dist.ids.size == 0:  # nothing the draft may propose
+                break
+            # greedy: the draft's top token; sampling: x ~ q (one draw without replacement)
+            pick = sample_without_replacement(dist, 1, ctx.rng)[0] if ctx.sampling else 0
+            tree.set_children_rule(node, rule)
             q_pick = float(dist.probs[pick])
             node = tree.add(node, int(dist.ids[pick]), q_pick)
-            if q_pick < self.p_min:
+            if q_pick < self.p_min:  # the draft is unsure: stop here (llama.cpp's --draft-p-min)
                 break
-        return decodes
+        expected = sum(tree.path_prob[1:])
+        return tree.freeze(PlanStats(draft_decodes=decodes, drafted_nodes=decodes, expected_accept=expected))

@@ -18,9 +18,7 @@ a slot reaches the top of the heap is the draft run — on every pending slot am
 entries (r = budget left). A slot outside those r can never be popped (r pops of better slots come
 first and spend the budget), so nothing that will be needed is left out, and the pop order — hence
 the tree — is exactly Algorithm 1's. The price is that some of the r may end up never popped: they
-are evaluated by the draft for nothing. In practice this takes a handful of decodes per step. Under a
-greedy target the engine runs this loop — decodes, rows and heap — in one compiled call
-(``Drafter.greedy_dyspec``, engine/_dyspec.c): no Python between the levels.
+are evaluated by the draft for nothing. In practice this takes a handful of decodes per step.
 
 **Threshold variant (``threshold = t > 0``, Algorithm 2).** Layer by layer: one decode evaluates
 every node of the layer whose value is ≥ t, then each draws while its next slot's value is ≥ t
@@ -114,8 +112,8 @@ def dyspec_by_levels(
     rule: ChildRule = ChildRule.TOP,
 ) -> tuple[int, int]:
     """Algorithm 1 with the draft decodes batched (see the module docstring), through ``expand``;
-    returns (draft decodes, nodes evaluated). ``max_passes``: most draft decodes (0: no limit). Greedy
-    (``seed`` None, ``TOP``) it is ``Drafter.greedy_dyspec``'s reference (engine/_dyspec.c)."""
+    returns (draft decodes, nodes evaluated). ``max_passes``: most draft decodes (0: no limit); ``seed``:
+    the step's seed for sampled draws (None: greedy, each draw the most likely remaining token)."""
     heap = [(-1.0, 0, 0)]  # (−v, push order, node): the next draw at node; the root's value is 1
     pushes, decodes, evaluated = 1, 0, 0
     residual: dict[int, Residual] = {}
@@ -170,10 +168,8 @@ class DySpecPlanner(Planner):
         budget = min(self.budget, ctx.max_nodes - 1)
         if self.threshold > 0:
             decodes, evaluated = self._by_threshold(tree, drafter, budget, seed, rule)
-        elif ctx.sampling:
+        else:
             decodes, evaluated = dyspec_by_levels(drafter, tree, budget, self.max_passes, seed, rule)
-        else:  # the engine's drafts the whole tree in one compiled call
-            decodes, evaluated = drafter.greedy_dyspec(tree, budget, self.max_passes)
         stats = PlanStats(
             draft_decodes=decodes, drafted_nodes=evaluated, expected_accept=sum(tree.path_prob[1:])
         )

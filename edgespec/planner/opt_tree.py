@@ -33,11 +33,8 @@ decode, and three in four of the rows drafted were alternatives that never made 
 Children are the draft's most likely tokens (deterministic): the one-hot rule verifies them, greedy
 or sampling. Ties in p̂ go to the older node, which keeps the kept set a subtree even when q = 1.
 
-Steps 1–4 (``opt_tree_by_levels``, the reference) need nothing but the draft's rows and the numbers
-``OptTreePlanner.levels`` fixes per tree size, so the engine runs them in one compiled call
-(``Drafter.grow_opt_tree``, engine/_opt_tree.c): no Python between the levels, greedy or sampling, and
-only the kept nodes come back (a step evaluates ~20 rows and builds ~50 nodes to keep ≤ n; on a CPU the
-Python that rebuilt them all ran cold after the levels' rows).
+Steps 1–4 are ``opt_tree_by_levels``: they need nothing but the draft's rows (``expand``) and the
+numbers ``OptTreePlanner.levels`` fixes per tree size.
 
 Note for the engine: the tree keeps only the kept nodes, renumbered (parents first), so its indices
 differ from those the draft saw during ``expand`` (nodes the draft evaluated may be dropped). Match
@@ -52,7 +49,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import params
-from .costmodel import CostModel
+from .costmodel import CostModel, best_size
 from .params import param
 from .tree import ChildRule, Drafter, DraftTree, PlanContext, Planner, PlanStats, TreeBuilder
 from .tsd import best_by_path_prob
@@ -81,33 +78,6 @@ def copy_subtree(tree: TreeBuilder, keep: list[int], out: TreeBuilder) -> None:
 
 
 @dataclass(frozen=True)
-class FinalSizing:
-    """What step 4 needs with the cost curves: ``costmodel.best_size`` in plain Python on numbers taken
-    once per n (a step's few numpy calls cost tens of µs each on a CPU, run cold after the draft's
-    decodes; these loops are the same arithmetic in the same order, so the same m — and engine/_opt_tree.c's
-    ``final_choice`` repeats them)."""
-
-    level_seconds: tuple[float, ...]  # c_d(m), m = 0 … n: a draft level of m nodes
-    overhead: float  # the cost model's Python per step
-    verify_seconds: tuple[float, ...]  # c_t(m + 1), m = 0 … n: verifying the root and m draft tokens
-
-    def best_m(self, path_prob: list[float], ranked: list[int], levels: list[int]) -> int:
-        """The m ≤ len(ranked) whose top-m tree (``ranked``: nodes by p̂, largest first) has the best
-        expected rate (1 + E_m) / (drafting + overhead + c_t(m + 1)), E_m = Σ p̂ of the first m, after
-        the draft ``levels`` (their sizes); ties go to the smaller tree."""
-        spent = 0.0  # seconds of draft levels, added in order (sum() compensates since Python 3.12)
-        for size in levels:
-            spent += self.level_seconds[size]
-        best_m, best_rate, e = 0, 1.0 / (spent + self.overhead + self.verify_seconds[0]), 0.0
-        for m, node in enumerate(ranked, start=1):
-            e += path_prob[node]  # E_m, summed in order as np.cumsum does
-            rate = (1.0 + e) / (spent + self.overhead + self.verify_seconds[m])
-            if rate > best_rate:
-                best_m, best_rate = m, rate
-        return best_m
-
-
-@dataclass(frozen=True)
 class OptTreeLevels:
     """What Algorithm 1 needs besides the draft (``OptTreePlanner.levels``)."""
 
@@ -116,14 +86,13 @@ class OptTreeLevels:
     max_depth: int  # levels: draft decodes
     threshold: tuple[float, ...]  # δ for a next level of m nodes, m = 0 … n
     level_cost: tuple[float, ...] | None  # c_d(m) / c_t(n + 1), m = 0 … n; None: expand every layer node
-    sizing: FinalSizing | None = None  # step 4 by the cost curves; None: keep the n best
+    costs: CostModel | None = None  # step 4 by the cost curves; None: keep the n best
 
 
 def opt_tree_by_levels(drafter: Drafter, tree: TreeBuilder, levels: OptTreeLevels) -> list[int]:
     """Algorithm 1 through ``expand``, one draft decode per level, from a one-node tree: the levels grow a
     tree of their own, then step 4 (``final_choice``) leaves its kept nodes in ``tree``. Returns the levels'
-    sizes (the root's level first). The reference of ``Drafter.grow_opt_tree`` (the engine's runs in C,
-    engine/_opt_tree.c)."""
+    sizes (the root's level first)."""
     grown = TreeBuilder(tree.tokens[0])
     sizes = _grow_levels(drafter, grown, levels)
     copy_subtree(grown, final_choice(grown, levels, sizes), tree)
@@ -132,10 +101,14 @@ def opt_tree_by_levels(drafter: Drafter, tree: TreeBuilder, levels: OptTreeLevel
 
 def final_choice(tree: TreeBuilder, levels: OptTreeLevels, sizes: list[int]) -> list[int]:
     """Step 4: the n nodes with the largest p̂ (a stable sort: ties go to the older node, as ``top_nodes``
-    ranks them), cut to the m best for the step's expected rate when ``levels.sizing`` is given; in index
-    order."""
+    ranks them) — with the cost curves, only the m ≤ n best whose tree gives the step the best expected
+    rate (1 + E_m) / (the levels' drafting + c_t(m + 1)), E_m = Σ p̂ of the first m; in index order."""
     ranked = sorted(range(1, tree.size), key=tree.path_prob.__getitem__, reverse=True)[: levels.n]
-    m = len(ranked) if levels.sizing is None else levels.sizing.best_m(tree.path_prob, ranked, sizes)
+    m = len(ranked)
+    if levels.costs is not None:
+        spent = sum(levels.costs.d(size) for size in sizes)  # seconds of the draft levels already run
+        pool = np.array([tree.path_prob[node] for node in ranked])
+        m = best_size(0.0, 0, pool, spent, 1.0, levels.costs, levels.n).m
     return sorted(ranked[:m])
 
 
@@ -147,11 +120,7 @@ def _grow_levels(drafter: Drafter, tree: TreeBuilder, levels: OptTreeLevels) -> 
         sizes.append(len(layer))
         evaluated += len(layer) - (1 if layer == [0] else 0)
         children, top_n = _next_layer(tree, layer, dists, levels.n)
-        # E_sub(T, n): the n largest p̂ so far, added largest first one by one, as engine/_opt_tree.c
-        # does (sum() compensates its rounding since Python 3.12)
-        e_new = 0.0
-        for phat in sorted(top_n, reverse=True):
-            e_new += phat
+        e_new = sum(top_n)  # E_sub(T, n): the n largest p̂ so far
         gain, e_old = e_new - e_old, e_new
         # The next level: the new children, all inside the current overall top n (each was added
         # only when its p̂ beat the n-th largest), as many as the draft's sequences allow.
@@ -231,11 +200,10 @@ class OptTreePlanner(Planner):
         choices=("paying", "all"),
     )
     costs: CostModel | None = field(default=None, compare=False, repr=False)  # the pair's cost profile
-    # levels() per (n, capacity) and sizing() per n: the same every step (no numpy call in a step)
+    # levels() per (n, capacity): the same every step
     _levels: dict[tuple[int, int], OptTreeLevels] = field(
         default_factory=dict, init=False, compare=False, repr=False
     )
-    _sizing: dict[int, FinalSizing] = field(default_factory=dict, init=False, compare=False, repr=False)
     name = "opt-tree"
     wants_costs = True
 
@@ -245,7 +213,6 @@ class OptTreePlanner(Planner):
         """Take μ from the pair's cost profile: its draft level and target verify curves."""
         self.costs = costs
         self._levels.clear()
-        self._sizing.clear()
 
     def threshold(self, level: int, n: int) -> float:
         """δ, the gain in E(A) that pays for a draft level of ``level`` nodes in a tree of n draft
@@ -268,7 +235,7 @@ class OptTreePlanner(Planner):
     def plan(self, root_token: int, drafter: Drafter, ctx: PlanContext) -> DraftTree:
         tree = TreeBuilder(root_token)
         n = min(self.budget, ctx.max_nodes - 1)
-        levels = drafter.grow_opt_tree(tree, self.levels(n, ctx.max_nodes - 1)) if n > 0 else []
+        levels = opt_tree_by_levels(drafter, tree, self.levels(n, ctx.max_nodes - 1)) if n > 0 else []
         stats = PlanStats(
             draft_decodes=len(levels),
             drafted_nodes=sum(levels),
@@ -291,18 +258,7 @@ class OptTreePlanner(Planner):
             threshold = (self.threshold(n, n),) * (n + 1)  # one δ for every size
         levels = OptTreeLevels(
             n, capacity, self.max_depth, threshold, level_cost if self.layers == "paying" else None,
-            self.sizing(n) if self.costs is not None else None,
+            self.costs,
         )
         self._levels[n, capacity] = levels
         return levels
-
-    def sizing(self, n: int) -> FinalSizing:
-        """Step 4's numbers for trees of at most n draft tokens, from the cost curves."""
-        if n not in self._sizing:
-            costs = self.costs
-            self._sizing[n] = FinalSizing(
-                tuple(costs.d(m) for m in range(n + 1)),
-                costs.overhead,
-                tuple(costs.t(m + 1) for m in range(n + 1)),
-            )
-        return self._sizing[n]

@@ -13,14 +13,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 
 if TYPE_CHECKING:
-    from ..decoding.events import StepEvent
     from .auto import CostModel
-    from .opt_tree import OptTreeLevels
 
 
 class ChildRule(IntEnum):
@@ -41,44 +39,12 @@ class SparseDist:
     descending order. When the draft *samples*, it samples from ``q = probs / probs.sum()`` — the
     truncated distribution — and the verifier uses that same q, which keeps rejection sampling
     exactly lossless (any draft distribution is fine as long as both sides use the same one).
-
-    ``from_rows`` keeps a compiled call's rows as it returned them (bytes) and makes the arrays on first
-    read: right after the draft's decodes a numpy call costs tens of µs on a CPU (its code runs cold), and a
-    tree's rows are mostly never read at all (a greedy target verifies without them).
     """
 
-    __slots__ = ("_ids", "_probs", "_row")
+    __slots__ = ("ids", "probs")
 
     def __init__(self, ids: np.ndarray, probs: np.ndarray):
-        self._ids, self._probs, self._row = ids, probs, None
-
-    @classmethod
-    def from_rows(cls, ids: bytes, probs: bytes, k: int, found: Sequence[int]) -> list[SparseDist]:
-        """Row r's first ``found[r]`` of k candidates in int32 ``ids`` and float64 ``probs``, k per row."""
-        dists = []
-        for row, n in enumerate(found):
-            dist = cls.__new__(cls)
-            dist._ids = dist._probs = None
-            dist._row = (ids, probs, k * row, n)
-            dists.append(dist)
-        return dists
-
-    @property
-    def ids(self) -> np.ndarray:
-        if self._ids is None:
-            self._unpack()
-        return self._ids
-
-    @property
-    def probs(self) -> np.ndarray:
-        if self._probs is None:
-            self._unpack()
-        return self._probs
-
-    def _unpack(self) -> None:
-        ids, probs, start, n = self._row
-        self._ids = np.frombuffer(ids, np.int32, count=n, offset=4 * start)
-        self._probs = np.frombuffer(probs, np.float64, count=n, offset=8 * start)
+        self.ids, self.probs = ids, probs
 
     def sampling_q(self) -> np.ndarray:
         """q: the distribution the draft samples from (the truncated, renormalised softmax)."""
@@ -221,24 +187,6 @@ class TreeBuilder:
     def set_children_rule(self, node: int, rule: ChildRule) -> None:
         self.child_rule[node] = int(rule)
 
-    def graft(self, parents: list[int], tokens: list[int], draft_probs: list[float], rule: ChildRule) -> None:
-        """Append nodes at once (each parent before its children, as ``add`` one by one would, with
-        ``set_children_rule(parent, rule)``): what a compiled drafter built, without a call per node."""
-        for parent, prob in zip(parents, draft_probs):
-            if not 0 <= parent < len(self.depth):
-                raise ValueError(f"parent {parent} is not a node of this tree (size {len(self.depth)})")
-            self.depth.append(self.depth[parent] + 1)
-            self.path_prob.append(self.path_prob[parent] * prob)
-        n = len(parents)
-        self.tokens += tokens
-        self.parents += parents
-        self.draft_prob += draft_probs
-        self.merged += [False] * n
-        self.copied += [False] * n
-        self.child_rule += [int(ChildRule.NONE)] * n
-        for parent in set(parents):
-            self.child_rule[parent] = int(rule)
-
     def path_tokens(self, node: int) -> list[int]:
         out = []
         while node >= 0:
@@ -271,6 +219,22 @@ def chain_tree(tokens: Sequence[int]) -> DraftTree:
     return tree.freeze()
 
 
+class StepOutcome(Protocol):
+    """What ``Planner.observe`` sees of a finished step: the decoder's ``StepEvent``, as far as planners
+    read it (declared here: the planners sit below the loop that makes the events)."""
+
+    drafted: int  # draft tokens proposed (tree size minus the root)
+    accepted: int  # draft tokens accepted
+    timings: Any  # the step's seconds: ``.total``, ``.draft``, ``.verify``, …
+    tree: DraftTree | None  # the verified tree (None for plain decoding)
+    accepted_path: tuple[int, ...]  # tree node indices of the accepted path, root first
+    verified_nodes: int  # tokens in the target's batch
+    draft_decodes: int
+    expected_accept: float  # the planner's E[A]
+
+    def token_ids(self) -> list[int]: ...
+
+
 class Drafter(Protocol):
     """The draft model as planners see it.
 
@@ -289,44 +253,6 @@ class Drafter(Protocol):
         distributions of depths 1 … k + 1 (the root's row, then [MASK]_1 … [MASK]_k's). Called on a
         tree holding only the root, instead of ``expand``; nothing is stored in ``tree.dists``."""
         ...
-
-    def greedy_chain(self, tree: TreeBuilder, length: int, p_min: float = 0.0) -> int:
-        """Below the root of a one-node tree, the chain of the draft's top tokens: ``length`` of them,
-        or fewer when one's probability is below ``p_min`` (it is kept, drafting stops after it). Each
-        node carries its probability; children rules ``TOP``. Returns the draft decodes made. Exactly
-        ``greedy_chain_by_levels`` (the reference), except that distributions may not be stored in
-        ``tree.dists`` (greedy verification needs none); the engine drafts it in one compiled call."""
-        ...
-
-    def greedy_dyspec(self, tree: TreeBuilder, budget: int, max_passes: int = 0) -> tuple[int, int]:
-        """DySpec's tree under a greedy target, grown from the root of a one-node tree: exactly
-        ``planner.dyspec.dyspec_by_levels(self, tree, budget, max_passes)`` (the reference: the same nodes,
-        probabilities, rules and ``tree.dists``); returns (draft decodes, nodes evaluated). The engine
-        drafts it in one compiled call."""
-        ...
-
-    def grow_opt_tree(self, tree: TreeBuilder, levels: OptTreeLevels) -> list[int]:
-        """OPT-Tree grown from the root of a one-node tree, which ends holding the nodes it keeps: exactly
-        ``planner.opt_tree.opt_tree_by_levels(self, tree, levels)`` (the reference: the same kept nodes,
-        probabilities, rules and ``tree.dists``); returns the levels' sizes, one draft decode each. The
-        engine drafts it in one compiled call. The tree is final: none of its nodes may be expanded."""
-        ...
-
-
-def greedy_chain_by_levels(drafter: Drafter, tree: TreeBuilder, length: int, p_min: float = 0.0) -> int:
-    """``Drafter.greedy_chain`` through ``expand``, one level per decode (what any drafter may use)."""
-    node, decodes = 0, 0
-    while tree.size - 1 < length:
-        (dist,) = drafter.expand(tree, [node])
-        decodes += 1
-        if dist.ids.size == 0:  # nothing the draft may propose
-            break
-        tree.set_children_rule(node, ChildRule.TOP)
-        q_top = float(dist.probs[0])
-        node = tree.add(node, int(dist.ids[0]), q_top)
-        if q_top < p_min:
-            break
-    return decodes
 
 
 @dataclass(frozen=True)
@@ -389,7 +315,7 @@ class Planner:
         """Take the pair's cost curves (called only when ``wants_costs``)."""
         raise TypeError(f"{self.name} does not use cost curves")
 
-    def observe(self, event: StepEvent) -> None:
+    def observe(self, event: StepOutcome) -> None:
         """Learn from a finished step (its tree, accepted path and timings). Most planners do not."""
 
     def draft_setup(self) -> DraftSetup:

@@ -66,7 +66,7 @@ def embedding_tensors(mask_delta: np.ndarray, mask_ids, n_vocab: int, alpha: flo
 
 def base_info(base_gguf: str | Path) -> dict:
     """Architecture, vocabulary size and whether the output matrix is separate, from the draft GGUF."""
-    from ..models.gguf_header import read_header
+    from ..engine.gguf_header import read_header
 
     kv, shapes = read_header(base_gguf)
     n_embd, n_vocab = shapes["token_embd.weight"][:2]  # ggml order

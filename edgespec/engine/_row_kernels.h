@@ -13,8 +13,8 @@
  *     float32 first, so every p_i is within ≈ 7e-7 of the float64 softmax (3e-7 at T = 1; the argument
  *     bound is in log_normaliser).
  *
- * Every function is static: each extension that includes this header (decoding/_rows.c, and
- * engine/_chain.c, the greedy chain drafted in one call) gets its own copy and its own vector clones.
+ * Optional: where this does not compile (no C compiler, a compiler without GCC's vector extensions), the
+ * package installs without it and engine/rows.py computes the same ids in numpy.
  * Include <Python.h> first (Py_ssize_t). */
 #ifndef EDGESPEC_ROW_KERNELS_H
 #define EDGESPEC_ROW_KERNELS_H
@@ -184,7 +184,6 @@ static VECTOR_CLONES double blocks_pass(const float *row, Py_ssize_t n, float *b
     return total(sum);
 }
 
-#include "_row_split.h" /* row_pass: blocks_pass over a row's two halves, on two cores when it can */
 
 /* Σ_v exp(d_v), d_v = (l_v − m)·(1/T) in float32 (≤ 0): the normaliser when exp(l) itself would not do. */
 static VECTOR_CLONES double shifted_sum(const float *row, Py_ssize_t n, float peak, float inverse_t)
@@ -298,7 +297,7 @@ static inline Py_ssize_t row_top_k(const float *row, Py_ssize_t n, Py_ssize_t k,
     Py_ssize_t pool = k + n_banned < n ? k + n_banned : n; /* the top k + |banned| hold the top k allowed */
     float *block_max = scratch;
     Candidate *best = (Candidate *)(scratch + n_blocks);
-    double unshifted_sum = row_pass(row, n, block_max, temperature == 1.0);
+    double unshifted_sum = blocks_pass(row, n, block_max, temperature == 1.0);
     float peak = block_max[0];
     for (Py_ssize_t b = 1; b < n_blocks; b++)
         peak = block_max[b] > peak ? block_max[b] : peak;
@@ -331,7 +330,7 @@ static inline void row_argmax_margin(const float *row, Py_ssize_t n, float *bloc
                                      double *margin)
 {
     Py_ssize_t n_blocks = (n + BLOCK - 1) / BLOCK;
-    row_pass(row, n, block_max, 0);
+    blocks_pass(row, n, block_max, 0);
     Py_ssize_t top_block = 0;
     for (Py_ssize_t b = 1; b < n_blocks; b++)
         if (block_max[b] > block_max[top_block])

@@ -3,7 +3,6 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#define ROW_HELPER_THREAD /* the process's row helper lives here (_row_split.h) */
 #include "_row_kernels.h"
 
 /* -- Python bindings (buffer protocol: numpy arrays, no numpy headers needed) ------------------------ */
@@ -102,30 +101,6 @@ static PyObject *argmax_margin(PyObject *self, PyObject *arg)
     return Py_BuildValue("(nd)", best, margin);
 }
 
-static PyObject *helper_arm(PyObject *self, PyObject *unused)
-{
-    Py_BEGIN_ALLOW_THREADS;
-    row_helper_arm(1);
-    Py_END_ALLOW_THREADS;
-    Py_RETURN_NONE;
-}
-
-static PyObject *helper_disarm(PyObject *self, PyObject *unused)
-{
-    row_helper_disarm(1);
-    Py_RETURN_NONE;
-}
-
-static PyObject *helper_jobs(PyObject *self, PyObject *unused)
-{
-    return PyLong_FromUnsignedLong(atomic_load(&row_helper->jobs));
-}
-
-static PyObject *helper_halves(PyObject *self, PyObject *unused)
-{
-    return PyLong_FromUnsignedLong(atomic_load(&row_helper->halves));
-}
-
 static PyMethodDef methods[] = {
     {"top_k", top_k, METH_VARARGS,
      "top_k(rows, k, temperature, banned, ids, probs) -> n: each float32 row's top k ids not in banned "
@@ -133,26 +108,20 @@ static PyMethodDef methods[] = {
      "(float64); n ids per row (k unless a row has fewer allowed ids)."},
     {"argmax_margin", argmax_margin, METH_O,
      "argmax_margin(row) -> (id, margin): the first maximum of a float32 row and top-1 minus top-2."},
-    {"row_helper_arm", helper_arm, METH_NOARGS,
-     "row_helper_arm(): rows read from now on may have half read by the helper thread (_row_split.h); "
-     "pair each call with row_helper_disarm()."},
-    {"row_helper_disarm", helper_disarm, METH_NOARGS, "row_helper_disarm(): see row_helper_arm()."},
-    {"row_helper_jobs", helper_jobs, METH_NOARGS,
-     "row_helper_jobs() -> n: jobs (the compiled loops' decodes) the helper thread has run in this process."},
-    {"row_helper_halves", helper_halves, METH_NOARGS,
-     "row_helper_halves() -> n: row halves the helper thread has read in this process."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_rows", "Logits rows reduced in one compiled pass.",
                                     -1, methods};
 
+/* The calling convention above, as engine/rows.py expects it: a build of another version (a stale
+ * extension left by an older install) is refused there, and the numpy path used instead. */
+#define KERNEL_ABI 2
+
 PyMODINIT_FUNC PyInit__rows(void)
 {
-    PyObject *m = PyModule_Create(&module), *capsule = m ? PyCapsule_New(row_helper, ROW_HELPER_CAPSULE, NULL) : NULL;
-    if (!capsule || PyModule_AddObject(m, "row_helper", capsule) < 0) { /* the helper, for the engine's modules */
-        Py_XDECREF(capsule);
+    PyObject *m = PyModule_Create(&module);
+    if (m && PyModule_AddIntConstant(m, "ABI", KERNEL_ABI) < 0)
         Py_CLEAR(m);
-    }
     return m;
 }
