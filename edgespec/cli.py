@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 import warnings
 from importlib import import_module
@@ -12,7 +13,7 @@ from .errors import EdgespecError
 
 PROBE_COMMAND = "--engine-probe"  # hidden: see edgespec.engine.probe
 
-SUBCOMMANDS = ("chat", "generate", "bench", "models", "tune", "serve", "train")
+SUBCOMMANDS = ("chat", "generate", "bench", "models", "tune", "serve", "rpc_server", "train")
 
 
 class _Version(argparse.Action):
@@ -55,12 +56,12 @@ def main(argv: list[str] | None = None) -> int:
         from .engine.probe import child
 
         return child(argv[1:])
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not args.command:
-        parser.print_help()
-        return 2
     try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if not args.command:
+            parser.print_help()
+            return 2
         return int(args.run(args) or 0)
     except EdgespecError as exc:
         print(f"edgespec: error: {exc}", file=sys.stderr)
@@ -68,6 +69,28 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("edgespec: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `edgespec … | head`: the reader left; nothing more to say
+        sys.stderr.close()
+        return 141
+    except OSError as exc:  # a file or directory edgespec needs: unreadable, read-only, full
+        print(f"edgespec: error: {os_error(exc)}", file=sys.stderr)
+        return 1
+
+
+_DISK_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOENT, errno.ENOTDIR}
+
+
+def os_error(exc: OSError) -> str:
+    """An ``OSError`` as one line: what failed, on which file, and what to do."""
+    what = exc.strerror or str(exc) or type(exc).__name__
+    where = f": {exc.filename}" if exc.filename else ""
+    hint = ""
+    if exc.errno in _DISK_ERRNOS:
+        hint = (
+            ". Check that the directory is writable and has free space, or point EDGESPEC_HOME "
+            "(models, chats) or EDGESPEC_CONFIG (models.toml) at another one"
+        )
+    return f"{what}{where}{hint}."
 
 
 if __name__ == "__main__":

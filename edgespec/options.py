@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from .decoding.checks import check_sampling
 from .decoding.sampling import SamplingParams
 from .engine.pair import EngineSettings
 from .models.pairs import ResolvedPair, open_pair, resolve_pair
@@ -124,6 +125,8 @@ def strategy_choice(args: argparse.Namespace, name: str | None = None) -> Strate
 
 
 def sampling_params(args: argparse.Namespace) -> SamplingParams:
+    """The sampling flags, checked as the server and the chat app check them (``SettingError``)."""
+    check_sampling(args.temperature, args.top_p, args.top_k, args.seed)
     return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from .. import options
+from ..decoding import checks
 from ..decoding.chat import ChatSettings
+from ..engine.limits import check_engine
 
 
 def register(sub) -> None:
@@ -27,6 +29,9 @@ def run(args) -> int:
 
     from ..session import ChatBackend
 
+    checks.check_max_tokens(args.max_tokens)
+    checks.check_text(args.system, "--system")
+    check_engine(options.engine_settings(args))  # --ctx, --max-tree-nodes …: before anything loads
     settings = ChatSettings(
         sampling=options.sampling_params(args), max_tokens=args.max_tokens, system_prompt=args.system
     )

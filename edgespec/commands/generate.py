@@ -7,8 +7,11 @@ import sys
 from time import perf_counter
 
 from .. import options
-from ..decoding.chat import ChatSettings, Message, stream_reply
+from ..decoding import checks
+from ..decoding.chat import ChatSettings, Message, prompt_tokens, stream_reply
 from ..decoding.events import GenerationStats
+from ..engine.limits import check_engine
+from ..errors import EdgespecError
 from ..strategy import make_planner, needs_draft
 
 
@@ -29,18 +32,39 @@ def register(sub) -> None:
     p.set_defaults(run=run)
 
 
+def read_prompt(given: str) -> str:
+    """The prompt argument, or standard input for '-' (UTF-8; anything else is refused, not mangled)."""
+    if given != "-":
+        return given
+    data = sys.stdin.buffer.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise EdgespecError(
+            f"standard input is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
+            "convert it first, e.g. with iconv -t utf-8."
+        ) from None
+
+
 def run(args) -> int:
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    checks.check_max_tokens(args.max_tokens)
+    settings = ChatSettings(
+        sampling=options.sampling_params(args),
+        max_tokens=args.max_tokens,
+        system_prompt=args.system,
+        stop=tuple(args.stop),
+    )
+    prompt = read_prompt(args.prompt)
+    checks.check_text(prompt, "the prompt")
+    checks.check_text(args.system, "--system")
+    for stop in args.stop:
+        checks.check_text(stop, "--stop")
+    check_engine(options.engine_settings(args))  # --ctx, --max-tree-nodes …: before anything loads
     resolved, pair = options.load(args, need_draft=needs_draft(args.strategy))
     with pair:
+        prompt_tokens(pair, [Message("user", prompt)], settings)  # too long? say so before profiling costs
         choice = options.strategy_choice(args)
         planner = make_planner(choice, resolved.defaults, pair, show_progress=True)  # costs: auto, OPT-Tree
-        settings = ChatSettings(
-            sampling=options.sampling_params(args),
-            max_tokens=args.max_tokens,
-            system_prompt=args.system,
-            stop=tuple(args.stop),
-        )
         stats = GenerationStats()
         text, tokens, margins, steps = [], [], [], []
         finish = None

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 from .. import options
+from ..decoding import checks
+from ..engine.limits import check_engine
 from ..errors import EdgespecError
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
+KEY_ENV = "EDGESPEC_API_KEY"
 
 
 def register(sub) -> None:
@@ -18,61 +22,149 @@ def register(sub) -> None:
         description="An OpenAI-compatible server (POST /v1/chat/completions, streaming or not; GET "
         "/v1/models; GET /health) on one target/draft pair. Answers queue in arrival order and each "
         "carries usage and llama-server-style timings with acceptance statistics. Request fields that "
-        "are left out (temperature, top_p, seed, max_tokens) take the values given here.",
+        "are left out (temperature, top_p, seed, max_tokens) take the values given here. "
+        "See docs/security.md before binding anything but loopback.",
     )
     p.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)"
     )
     p.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 picks a free one)")
     p.add_argument(
+        "--api-key-file",
+        metavar="PATH",
+        help=f"require 'Authorization: Bearer KEY' with the key in this file (or set ${KEY_ENV})",
+    )
+    p.add_argument(
         "--api-key",
-        default=os.environ.get("EDGESPEC_API_KEY"),
-        help="require 'Authorization: Bearer KEY' on every request (default: $EDGESPEC_API_KEY, else none)",
+        help=f"the key itself (visible to every local user in the process list: prefer ${KEY_ENV} "
+        "or --api-key-file)",
+    )
+    p.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also accept requests whose Host (or a browser's Origin) names NAME (repeatable; '*': any). "
+        "Default: loopback names and the bound address",
     )
     p.add_argument("--max-tokens", type=int, default=512, help="answer length when a request sets none")
-    p.add_argument("--queue", type=int, default=8, help="requests that may wait for the model (default 8)")
+    p.add_argument(
+        "--queue", type=int, default=8, help="requests that may wait for the model (default 8; 0: none)"
+    )
+    p.add_argument(
+        "--max-body-bytes", type=int, default=8 * 1024 * 1024, help="largest request body (default 8 MiB)"
+    )
+    p.add_argument(
+        "--max-messages", type=int, default=4096, help="most messages in one request (default 4096)"
+    )
+    p.add_argument(
+        "--special-tokens",
+        action="store_true",
+        help="read special-token text in messages (<|im_end|> …) as markup; by default it is plain text, "
+        "so a client cannot forge turns",
+    )
     p.add_argument("--model-name", help="the model id clients send and /v1/models lists (default: the pair)")
     options.add_run_args(p)
     p.set_defaults(run=run)
+
+
+def api_key(args) -> str | None:
+    """The key from --api-key-file, $EDGESPEC_API_KEY or --api-key (the last with a warning)."""
+    if args.api_key_file:
+        try:
+            key = Path(args.api_key_file).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise EdgespecError(f"cannot read --api-key-file {args.api_key_file}: {exc}.") from None
+        if not key:
+            raise EdgespecError(f"--api-key-file {args.api_key_file} is empty; write the key into it.")
+        return key
+    if args.api_key:
+        print(
+            f"edgespec: note: --api-key is visible to every user of this machine (ps); prefer ${KEY_ENV} "
+            "or --api-key-file.",
+            file=sys.stderr,
+        )
+        return args.api_key
+    return os.environ.get(KEY_ENV) or None
+
+
+def check(args) -> None:
+    """Everything the command line can get wrong, before the models load."""
+    if not 0 <= args.port <= 65535:
+        raise EdgespecError(f"--port must be from 0 to 65535 (0: any free port), not {args.port}.")
+    if args.queue < 0:
+        raise EdgespecError(f"--queue must be 0 (no waiting) or more, not {args.queue}.")
+    if args.max_body_bytes < 1024:
+        raise EdgespecError(f"--max-body-bytes must be at least 1024, not {args.max_body_bytes}.")
+    if args.max_messages < 1:
+        raise EdgespecError(f"--max-messages must be at least 1, not {args.max_messages}.")
+    checks.check_max_tokens(args.max_tokens)
+    check_engine(options.engine_settings(args))  # --ctx, --max-tree-nodes …: before anything loads
+    options.sampling_params(args)
 
 
 def run(args) -> int:
     import uvicorn
 
     from ..server.app import create_app
+    from ..server.guard import allowed_hosts, setup_logging
     from ..server.protocol import Defaults
     from ..server.worker import Worker
     from ..session import ChatBackend, start_session
 
-    if args.host not in LOOPBACK and not args.api_key:
+    check(args)
+    key = api_key(args)
+    if args.host not in LOOPBACK and not key:
         print(
-            f"edgespec: note: {args.host} is reachable from other machines and no --api-key is set.",
+            f"edgespec: note: {args.host} is reachable from other machines and no API key is set "
+            "(see docs/security.md).",
             file=sys.stderr,
         )
+    sock = _bind(args.host, args.port)  # before loading: a taken port fails in a second, not a minute
     worker = Worker(lambda: start_session(ChatBackend.from_args(args)), max_queue=args.queue)
-    session = worker.start()
+    try:
+        session = worker.start()
+    except BaseException:
+        sock.close()
+        raise
     name = args.model_name or session.name
-    defaults = Defaults(model=name, sampling=options.sampling_params(args), max_tokens=args.max_tokens)
-    app = create_app(worker, defaults, session.strategy, api_key=args.api_key)
+    defaults = Defaults(
+        model=name,
+        sampling=options.sampling_params(args),
+        max_tokens=args.max_tokens,
+        max_messages=args.max_messages,
+        special_tokens=args.special_tokens,
+    )
+    hosts = allowed_hosts(args.host, args.allow_host)
+    app = create_app(worker, defaults, session.strategy, key, hosts, args.max_body_bytes)
+    setup_logging()
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False)
     server = uvicorn.Server(config)
     try:
-        return 0 if _serve(server, args.host, args.port, name, session.strategy) else 1
+        bound = sock.getsockname()[1]
+        print(
+            f"edgespec: serving {name} ({session.strategy}) on http://{_url_host(args.host)}:{bound}/v1",
+            file=sys.stderr,
+            flush=True,
+        )
+        server.run(sockets=[sock])
+        return 0 if server.started else 1
     finally:
         worker.stop()
 
 
-def _serve(server, host: str, port: int, name: str, strategy: str) -> bool:
-    """Bind first (so the printed address has the real port when --port 0), then hand uvicorn the socket."""
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _bind(host: str, port: int):
+    """The listening socket (so the printed address has the real port when --port 0)."""
     import socket
 
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
-    except OSError as exc:
+    except (OSError, OverflowError) as exc:
         raise EdgespecError(f"cannot listen on {host}:{port} ({exc}); pick another --port.") from None
-    bound = sock.getsockname()[1]
-    print(f"edgespec: serving {name} ({strategy}) on http://{host}:{bound}/v1", file=sys.stderr, flush=True)
-    server.run(sockets=[sock])
-    return server.started
+    return sock

@@ -90,6 +90,7 @@ class GenerationStats:
     merges: int = 0
     graph_successes: int = 0
     prompt_tokens: int = 0
+    dropped_messages: int = 0  # earlier turns left out to fit the context window
     prefill_seconds: float = 0.0
     timings: StepTimings = field(default_factory=StepTimings)
 
@@ -136,6 +137,7 @@ class GenerationStats:
             "merges": self.merges,
             "graph_successes": self.graph_successes,
             "prompt_tokens": self.prompt_tokens,
+            "dropped_messages": self.dropped_messages,
             "prefill_seconds": self.prefill_seconds,
             "time_split": {
                 "draft": t.draft,

@@ -110,10 +110,12 @@ def open_pair(resolved: ResolvedPair, settings):
     in the data home, and a draft the store has hashed is known by its hash."""
     from dataclasses import replace
 
+    from ..engine.limits import check_engine
     from ..engine.pair import ModelPair
     from .paths import home_dir
     from .store import model_identity
 
+    check_engine(settings)
     if settings.probe_dir is None:
         settings = replace(settings, probe_dir=home_dir() / "probes")
     draft_sha256 = model_identity(resolved.draft_path)["sha256"] if resolved.draft_path else None

@@ -12,6 +12,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ..errors import RegistryError
+from ..planner.strategies import CHOICES
 from .registry import (
     BARE_KEY_RE,
     LIST_HINT,
@@ -38,6 +39,15 @@ def read_toml(path: str) -> dict[str, Any]:
             return tomllib.load(f)
     except tomllib.TOMLDecodeError as exc:
         raise RegistryError(f"{path}: not valid TOML ({exc}). Fix the syntax at that line.") from exc
+    except UnicodeDecodeError as exc:
+        raise RegistryError(
+            f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}). "
+            "Save it as UTF-8."
+        ) from None
+    except OSError as exc:
+        raise RegistryError(
+            f"{path}: cannot be read ({exc.strerror or exc}). Fix its permissions, or move it away."
+        ) from None
 
 
 TOP_KEYS = ("default_pair", "models", "pairs")
@@ -233,6 +243,12 @@ def _pair(name: str, table: dict[str, Any], file: str, models: Mapping[str, Mode
         )
     if table["budget"] < 1:
         raise where.error("`budget` must be at least 1", f"Write `{EXAMPLES['budget']}`.")
+    if table["strategy"] not in CHOICES:
+        close = difflib.get_close_matches(table["strategy"], CHOICES, n=1)
+        hint = f"Did you mean '{close[0]}'? " if close else ""
+        raise where.error(
+            f"unknown strategy {table['strategy']!r}", f"{hint}Known strategies are: {', '.join(CHOICES)}."
+        )
     params = table.get("params", {})
     for key, value in params.items():
         if not isinstance(value, ParamValue):

@@ -16,22 +16,38 @@ from collections.abc import AsyncIterator
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..decoding.events import StepEvent
 from ..errors import ContextFullError, EdgespecError
 from . import protocol
+from .guard import DEFAULT_MAX_BODY, BodyLimit, HostGuard, allowed_hosts, client_error, log
 from .protocol import ApiError, Defaults
 from .worker import DONE, Job, QueueFull, Worker
 
 RETRY_AFTER_SECONDS = 5  # told to clients when the queue is full
 
 
-def create_app(worker: Worker, defaults: Defaults, strategy: str, api_key: str | None = None) -> Starlette:
+def create_app(
+    worker: Worker,
+    defaults: Defaults,
+    strategy: str,
+    api_key: str | None = None,
+    hosts: frozenset[str] | None = None,
+    max_body: int = DEFAULT_MAX_BODY,
+) -> Starlette:
+    """``hosts``: the Host/Origin allow-list (``edgespec.server.guard``; default: loopback names);
+    ``max_body``: the largest request body in bytes."""
+
     async def chat_completions(request: Request) -> Response:
-        body = protocol.parse_body(await request.body())
+        try:
+            raw = await request.body()
+        except ClientDisconnect:  # the client left before its body arrived: nothing to answer
+            log.info("%s %s: the client went away before sending its body", request.method, request.url.path)
+            return Response(status_code=400)
+        body = protocol.parse_body(raw)
         chat = protocol.chat_request(body, defaults)
         loop = asyncio.get_running_loop()
         items: asyncio.Queue = asyncio.Queue()
@@ -59,17 +75,17 @@ def create_app(worker: Worker, defaults: Defaults, strategy: str, api_key: str |
             job.cancel.set()
             watcher.cancel()
             raise
+        headers = protocol.truncation_headers(job.stats)
         if not chat.stream:
             try:
-                return JSONResponse(await answer.whole(first))
+                return JSONResponse(await answer.whole(first), headers=headers)
             finally:
                 job.cancel.set()  # a no-op once finished; stops the worker if this handler was cancelled
                 watcher.cancel()
         # StreamingResponse watches for the disconnect itself (cancelling the stream below)
         watcher.cancel()
-        return StreamingResponse(
-            answer.events(first), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-        )
+        headers["Cache-Control"] = "no-cache"
+        return StreamingResponse(answer.events(first), media_type="text/event-stream", headers=headers)
 
     async def models(request: Request) -> Response:
         entry = {"id": defaults.model, "object": "model", "created": 0, "owned_by": "edgespec"}
@@ -79,6 +95,8 @@ def create_app(worker: Worker, defaults: Defaults, strategy: str, api_key: str |
         return JSONResponse({"status": "ok", "model": defaults.model, "waiting": worker.waiting})
 
     async def api_error(request: Request, exc: ApiError) -> Response:
+        if exc.status < 500:
+            client_error(request, exc)
         headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if exc.status == 503 else None
         if exc.status == 401:
             headers = {"WWW-Authenticate": "Bearer"}
@@ -102,7 +120,11 @@ def create_app(worker: Worker, defaults: Defaults, strategy: str, api_key: str |
             Route("/health", health, methods=["GET"]),
         ],
         exception_handlers={ApiError: api_error, 404: not_found, 405: not_found, Exception: crash},
-        middleware=[Middleware(_BearerAuth, key=api_key, on_error=api_error)] if api_key else [],
+        middleware=[
+            Middleware(HostGuard, hosts=hosts or allowed_hosts("127.0.0.1"), on_error=api_error),
+            Middleware(BodyLimit, limit=max_body, on_error=api_error),
+            *([Middleware(_BearerAuth, key=api_key, on_error=api_error)] if api_key else []),
+        ],
     )
 
 
@@ -164,7 +186,11 @@ class _Answer:
 
     def extra(self) -> dict:
         stats = self.job.stats
-        return {"usage": protocol.usage(stats), "timings": protocol.timings(stats, self.strategy)}
+        return {
+            "usage": protocol.usage(stats),
+            "timings": protocol.timings(stats, self.strategy),
+            **protocol.truncation(stats),
+        }
 
     async def whole(self, event: StepEvent | None) -> dict:
         text = []

@@ -12,6 +12,7 @@ import json
 import math
 from dataclasses import dataclass
 
+from ..decoding import checks
 from ..decoding.chat import ChatSettings, Message
 from ..decoding.events import GenerationStats
 from ..decoding.sampling import SamplingParams
@@ -46,6 +47,11 @@ class Defaults:
     model: str  # the one model id this server answers for
     sampling: SamplingParams = SamplingParams()
     max_tokens: int = 512
+    max_messages: int = 4096  # messages one request may carry
+    special_tokens: bool = False  # parse special-token text in messages as markup (serve --special-tokens)
+
+
+MAX_DEPTH = 32  # JSON nesting a body may have (a chat body needs 4)
 
 
 @dataclass(frozen=True)
@@ -58,11 +64,31 @@ class ChatRequest:
 def parse_body(raw: bytes) -> dict:
     try:
         body = json.loads(raw)
+    except RecursionError:
+        body = None  # nested past Python's recursion limit: refused below
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"the request body is not valid JSON ({exc}); send a JSON object.") from None
+    if body is None or _too_deep(body):
+        raise ApiError(400, f"the request body is nested more than {MAX_DEPTH} levels deep.")
     if not isinstance(body, dict):
         raise ApiError(400, 'the request body must be a JSON object, e.g. {"messages": [...]}.')
     return body
+
+
+def _too_deep(value) -> bool:
+    """Whether ``value`` nests lists and objects more than ``MAX_DEPTH`` deep (iterative: no recursion)."""
+    level = [value]
+    for _ in range(MAX_DEPTH + 1):
+        level = [
+            child
+            for item in level
+            if isinstance(item, (list, dict))
+            for child in (item.values() if isinstance(item, dict) else item)
+            if isinstance(child, (list, dict))
+        ]
+        if not level:
+            return False
+    return True
 
 
 def chat_request(body: dict, defaults: Defaults) -> ChatRequest:
@@ -71,38 +97,50 @@ def chat_request(body: dict, defaults: Defaults) -> ChatRequest:
     if model is not None and model != defaults.model:
         raise ApiError(
             404,
-            f"model {model!r} is not served here; this server answers for {defaults.model!r} "
+            f"model {_shown(model)} is not served here; this server answers for {defaults.model!r} "
             "(see GET /v1/models).",
             "model",
             "model_not_found",
         )
-    system, turns = _messages(body.get("messages"))
+    system, turns = _messages(body.get("messages"), defaults.max_messages)
     if _field(body, "n", int, 1) != 1:
         raise ApiError(400, "n must be 1: this server returns one choice per request.", "n")
     max_tokens = _field(body, "max_completion_tokens", int, None)
     max_tokens = _field(
         body, "max_tokens", int, max_tokens if max_tokens is not None else defaults.max_tokens
     )
-    if max_tokens < 1:
-        raise ApiError(400, f"max_tokens must be a positive integer, not {max_tokens}.", "max_tokens")
     d = defaults.sampling
     temperature = _field(body, "temperature", float, d.temperature)
-    if not 0 <= temperature <= 2:
-        raise ApiError(400, f"temperature must be between 0 and 2, not {temperature}.", "temperature")
     top_p = _field(body, "top_p", float, d.top_p)
-    if not 0 < top_p <= 1:
-        raise ApiError(400, f"top_p must be in (0, 1], not {top_p}.", "top_p")
     seed = _field(body, "seed", int, d.seed)
+    _checked(checks.check_max_tokens, max_tokens)
+    _checked(checks.check_sampling, temperature, top_p, d.top_k, seed)
     stop = body.get("stop")
     if stop is None:
         stop = []
     elif isinstance(stop, str):
         stop = [stop]
-    elif not (isinstance(stop, list) and all(isinstance(s, str) and s for s in stop)):
+    if not (isinstance(stop, list) and all(isinstance(s, str) and s for s in stop)):
         raise ApiError(400, "stop must be a string or a list of non-empty strings.", "stop")
+    for i, text in enumerate(stop):
+        _checked(checks.check_text, text, f"stop[{i}]")
     sampling = SamplingParams(temperature=temperature, top_k=d.top_k, top_p=top_p, seed=seed)
-    settings = ChatSettings(sampling=sampling, max_tokens=max_tokens, system_prompt=system, stop=tuple(stop))
+    settings = ChatSettings(
+        sampling=sampling,
+        max_tokens=max_tokens,
+        system_prompt=system,
+        stop=tuple(stop),
+        special_tokens=defaults.special_tokens,
+    )
     return ChatRequest(turns, settings, stream=_field(body, "stream", bool, False))
+
+
+def _checked(check, *args) -> None:
+    """Run one of ``edgespec.decoding.checks`` (the CLI's and the chat app's too): its error is a 400."""
+    try:
+        check(*args)
+    except checks.SettingError as exc:
+        raise ApiError(400, str(exc), exc.name) from None
 
 
 def _field(body: dict, name: str, kind: type, default):
@@ -112,27 +150,45 @@ def _field(body: dict, name: str, kind: type, default):
         return default
     ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value, ok = float(value), True
+        try:
+            value, ok = float(value), True
+        except OverflowError:  # an integer beyond any float
+            ok = False
     if not ok or (kind is float and not math.isfinite(value)):
         names = {int: "an integer", float: "a number", bool: "true or false"}
-        raise ApiError(400, f"{name} must be {names[kind]}, not {json.dumps(value)}.", name)
+        raise ApiError(400, f"{name} must be {names[kind]}, not {_shown(value)}.", name)
     return value
 
 
-def _messages(value) -> tuple[str, tuple[Message, ...]]:
+def _shown(value) -> str:
+    """A client's value in an error message: as JSON (ASCII), cut short."""
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _messages(value, limit: int) -> tuple[str, tuple[Message, ...]]:
     """(system prompt, the other turns). System messages are joined: the chat template takes one."""
     if not isinstance(value, list) or not value:
         raise ApiError(400, 'messages must be a non-empty list of {"role", "content"} objects.', "messages")
+    if len(value) > limit:
+        raise ApiError(
+            400,
+            f"messages holds {len(value)} messages; this server takes at most {limit} per request "
+            "(serve --max-messages). Send the recent part of the conversation.",
+            "messages",
+            "too_many_messages",
+        )
     system, turns = [], []
     for i, message in enumerate(value):
         where = f"messages[{i}]"
         if not isinstance(message, dict):
             raise ApiError(400, f"{where} must be an object with role and content.", where)
-        role = ROLES.get(message.get("role"))
+        role = message.get("role")
+        role = ROLES.get(role) if isinstance(role, str) else None
         if role is None:
             raise ApiError(
                 400,
-                f"{where}.role must be one of {', '.join(ROLES)}, not {json.dumps(message.get('role'))}.",
+                f"{where}.role must be one of {', '.join(ROLES)}, not {_shown(message.get('role'))}.",
                 f"{where}.role",
             )
         text = _content(message.get("content"), f"{where}.content")
@@ -144,11 +200,15 @@ def _messages(value) -> tuple[str, tuple[Message, ...]]:
 
 def _content(value, where: str) -> str:
     """A string, or a list of text parts (``{"type": "text", "text": ...}``); images are not supported."""
+    text = None
     if isinstance(value, str):
-        return value
-    if isinstance(value, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in value):
+        text = value
+    elif isinstance(value, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in value):
         if all(isinstance(p.get("text"), str) for p in value):
-            return "".join(p["text"] for p in value)
+            text = "".join(p["text"] for p in value)
+    if text is not None:
+        _checked(checks.check_text, text, where)
+        return text
     raise ApiError(
         400, f"{where} must be a string or a list of text parts (this server reads text only).", where
     )
@@ -161,6 +221,16 @@ def usage(stats: GenerationStats) -> dict:
         "completion_tokens": stats.tokens,
         "total_tokens": stats.prompt_tokens + stats.tokens,
     }
+
+
+def truncation(stats: GenerationStats) -> dict:
+    """Whether earlier messages were left out to fit the context window, and how many."""
+    return {"truncated": stats.dropped_messages > 0, "dropped_messages": stats.dropped_messages}
+
+
+def truncation_headers(stats: GenerationStats) -> dict[str, str]:
+    """The same as response headers (known once the prompt is built, before the first token)."""
+    return {"X-Edgespec-Dropped-Messages": str(stats.dropped_messages)}
 
 
 def timings(stats: GenerationStats, strategy: str) -> dict:

@@ -10,8 +10,8 @@ one's tokens, at the price of decoding every prompt in full.
 
 from __future__ import annotations
 
-import queue
 import threading
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -35,9 +35,17 @@ class QueueFull(Exception):
 
 
 class Worker:
+    """``max_queue``: how many jobs may wait behind the one being answered (0: none). A job whose client
+    left (its cancel event set) gives its place up at once."""
+
     def __init__(self, load: Callable[[], ChatSession], max_queue: int = 8):
+        if max_queue < 0:
+            raise ValueError(f"max_queue must be 0 or more, not {max_queue}")
         self._load = load  # runs on the worker thread
-        self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        self.max_queue = max_queue
+        self._jobs: deque[Job | None] = deque()  # None: stop
+        self._changed = threading.Condition()
+        self._busy = False  # a job is being answered
         self._ready = threading.Event()
         self._load_error: BaseException | None = None
         self.session: ChatSession | None = None
@@ -54,29 +62,47 @@ class Worker:
 
     def submit(self, job: Job) -> None:
         """Queue ``job`` behind the others; ``QueueFull`` when ``max_queue`` jobs already wait."""
-        try:
-            self._jobs.put_nowait(job)
-        except queue.Full:
-            raise QueueFull from None
+        with self._changed:
+            self._drop_cancelled()
+            if len(self._jobs) + self._busy > self.max_queue:
+                raise QueueFull
+            self._jobs.append(job)
+            self._changed.notify()
 
     @property
     def waiting(self) -> int:
-        return self._jobs.qsize()
+        with self._changed:
+            self._drop_cancelled()
+            return len(self._jobs)
+
+    def _drop_cancelled(self) -> None:
+        """Forget waiting jobs whose clients left (their handlers get DONE); under the lock."""
+        for job in [j for j in self._jobs if j is not None and j.cancel.is_set()]:
+            self._jobs.remove(job)
+            job.deliver(DONE)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Cancel what waits, let the current answer stop at its next step, close the pair."""
-        while True:
-            try:
-                job = self._jobs.get_nowait()
-            except queue.Empty:
-                break
-            if job is not None:
-                job.cancel.set()
-                job.deliver(DONE)
-        if self._current is not None:
-            self._current.cancel.set()
-        self._jobs.put(None)
+        with self._changed:
+            for job in self._jobs:
+                if job is not None:
+                    job.cancel.set()
+                    job.deliver(DONE)
+            self._jobs.clear()
+            if self._current is not None:
+                self._current.cancel.set()
+            self._jobs.append(None)
+            self._changed.notify()
         self._thread.join(timeout)
+
+    def _next(self) -> Job | None:
+        with self._changed:
+            self._busy = False
+            while not self._jobs:
+                self._changed.wait()
+            job = self._jobs.popleft()
+            self._busy = job is not None
+            return job
 
     def _run(self) -> None:
         try:
@@ -87,7 +113,7 @@ class Worker:
         finally:
             self._ready.set()
         try:
-            while (job := self._jobs.get()) is not None:
+            while (job := self._next()) is not None:
                 self._answer(job)
         finally:
             self.session.close()

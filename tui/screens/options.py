@@ -9,6 +9,7 @@ from textual.app import ComposeResult
 from textual.containers import Grid, Horizontal, Vertical
 from textual.widgets import Button, Input, Label, Select, TextArea
 
+from edgespec.decoding import checks
 from edgespec.decoding.chat import ChatSettings
 from edgespec.strategy import StrategyChoice
 
@@ -105,24 +106,24 @@ class SettingsScreen(Dialog):
         self.dismiss(None)
 
     def read(self) -> ChatSettings:
-        temperature = _number(self, "temperature", float, 0.0, 5.0)
-        top_p = _number(self, "top_p", float, 0.0, 1.0)
-        top_k = _number(self, "top_k", int, 0, 1_000_000)
-        max_tokens = _number(self, "max_tokens", int, 1, 1_000_000)
-        if top_p <= 0.0:
-            raise ValueError("top-p must be above 0 (1 turns it off)")
-        sampling = replace(self.settings.sampling, temperature=temperature, top_p=top_p, top_k=top_k)
+        """The form's values, checked as the CLI and the server check them (``SettingError``)."""
+        temperature = _number(self, "temperature", float)
+        top_p = _number(self, "top_p", float)
+        top_k = _number(self, "top_k", int)
+        max_tokens = _number(self, "max_tokens", int)
+        checks.check_sampling(temperature, top_p, top_k, self.settings.sampling.seed)
+        checks.check_max_tokens(max_tokens)
         prompt = self.query_one("#system_prompt", TextArea).text.strip()
+        checks.check_text(prompt, "the system prompt")
+        sampling = replace(self.settings.sampling, temperature=temperature, top_p=top_p, top_k=top_k)
         return replace(self.settings, sampling=sampling, max_tokens=max_tokens, system_prompt=prompt)
 
 
-def _number(screen: SettingsScreen, field: str, kind: type, low: float, high: float):
+def _number(screen: SettingsScreen, field: str, kind: type):
     text = screen.query_one(f"#{field}", Input).value.strip()
-    name = field.replace("_", " ").replace("top p", "top-p").replace("top k", "top-k")
     try:
-        value = kind(text)
+        return kind(text)
     except ValueError:
-        raise ValueError(f"{name} must be a {'whole ' if kind is int else ''}number, not {text!r}") from None
-    if not low <= value <= high:
-        raise ValueError(f"{name} must be between {low:g} and {high:g}")
-    return value
+        raise checks.SettingError(
+            field, f"{field} must be a {'whole ' if kind is int else ''}number, not {text!r}."
+        ) from None
