@@ -6,6 +6,7 @@ table, and parsed arguments become engine settings, a resolved pair and a ``Stra
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from .decoding.checks import check_sampling
@@ -51,6 +52,62 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         help="turn off llama.cpp's CPU weight repacking (slower; the first row of a batch of up to 8 "
         "tokens then computes like a single token)",
     )
+    add_rpc_args(parser)
+
+
+def add_rpc_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("the target across machines (llama.cpp RPC; see `edgespec rpc-server`)")
+    group.add_argument(
+        "--rpc",
+        metavar="HOST:PORT[,…]",
+        help="RPC servers that hold the target's layers with this machine, which keeps the last layers and "
+        "the logits; the draft stays here (default: $EDGESPEC_RPC, else the pair's models.toml entry; "
+        "'none': this machine only)",
+    )
+    group.add_argument(
+        "--tensor-split",
+        type=_shares,
+        default=(),
+        metavar="X,Y,…",
+        help="the target's share per device: each RPC server's devices in --rpc order, then this machine's "
+        "(0: no layers here); default: by free memory",
+    )
+    group.add_argument(
+        "--rpc-timeout",
+        type=_seconds,
+        default=120.0,
+        metavar="SECONDS",
+        help="longest a call to the RPC servers may take before they count as lost (default 120)",
+    )
+
+
+def _shares(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of numbers like 3,1,1") from None
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
+def rpc_servers(args: argparse.Namespace) -> tuple[str, ...] | None:
+    """``--rpc``, else ``$EDGESPEC_RPC``: the servers named (checked when the pair loads), () for
+    'none', None when neither is set (the pair's models.toml entry decides)."""
+    text = getattr(args, "rpc", None)
+    text = text if text is not None else os.environ.get("EDGESPEC_RPC") or None
+    if text is None:
+        return None
+    if text.strip().lower() == "none":
+        return ()
+    return tuple(p.strip() for p in text.split(",") if p.strip())
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -138,6 +195,9 @@ def engine_settings(args: argparse.Namespace) -> EngineSettings:
         threads=args.threads,
         max_tree_nodes=args.max_tree_nodes,
         repack=not args.no_repack,
+        rpc=rpc_servers(args),
+        tensor_split=args.tensor_split,
+        rpc_timeout=args.rpc_timeout,
     )
 
 

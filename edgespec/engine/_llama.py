@@ -23,6 +23,7 @@ from ._backend import _ensure_backend, amx_guard
 
 if TYPE_CHECKING:
     from ._lora import LoraAdapter
+    from .rpc import Placement
 
 LLAMA_MAX_SEQ = 256  # llama.cpp's compile-time limit on sequence ids per context
 
@@ -50,7 +51,10 @@ class _Exclusive:
 class Model:
     """A loaded GGUF (weights + vocabulary)."""
 
-    def __init__(self, path: str, n_gpu_layers: int = 0, repack: bool = True):
+    def __init__(
+        self, path: str, n_gpu_layers: int = 0, repack: bool = True, placement: Placement | None = None
+    ):
+        """``placement``: the RPC servers' devices and this machine's (engine/rpc.py); None: here only."""
         _ensure_backend()
         params = C.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
@@ -59,8 +63,15 @@ class Model:
         self.repack = repack and not amx_guard()
         params.use_extra_bufts = self.repack
         self.path = path
+        self.placement = placement
         self._owner = _Exclusive(f"the model {os.path.basename(path)}")
-        self.ptr = C.llama_model_load_from_file(path.encode("utf-8"), params)
+        if placement is not None:
+            placement.check_fit(path)
+            placement.apply(params)
+        load = native(placement, C.llama_model_load_from_file, "loading the target")
+        self.ptr = load(path.encode("utf-8"), params)
+        if not self.ptr and placement is not None:
+            raise EngineError(placement.load_failed(path))
         if not self.ptr:
             raise EngineError(
                 f"llama.cpp could not load {path}. Check that the file is a complete GGUF "
@@ -73,7 +84,7 @@ class Model:
     def close(self) -> None:
         with self._owner:
             if self.ptr:
-                C.llama_model_free(self.ptr)
+                release(self.placement, C.llama_model_free, self.ptr)
                 self.ptr = None
 
     def _live(self) -> None:
@@ -186,7 +197,7 @@ class Context:
         params.no_perf = True
         self.model = model
         self.settings = settings
-        self.ptr = C.llama_init_from_model(model.ptr, params)
+        self.ptr = native(model.placement, C.llama_init_from_model, "creating the context")(model.ptr, params)
         if not self.ptr:
             raise EngineError(
                 f"llama.cpp could not create a context of {settings.n_ctx} tokens for {model.path}: "
@@ -199,12 +210,14 @@ class Context:
         self._logits_view, self._logits_address = np.empty((0, self.n_vocab), np.float32), 0
         self._owner = _Exclusive(f"the llama context of {os.path.basename(model.path)}")
         self.decode_seconds = 0.0  # running total of time inside llama_decode (callers take differences)
+        self._decode = native(model.placement, _decode_and_wait, "decoding")
+        self._clear = native(model.placement, C.llama_memory_clear, "clearing the cache")
 
     def close(self) -> None:
         with self._owner:
             if self.ptr:
                 C.llama_batch_free(self._batch)
-                C.llama_free(self.ptr)
+                release(self.model.placement, C.llama_free, self.ptr)
                 self.ptr = None
 
     def _live(self) -> None:
@@ -243,8 +256,7 @@ class Context:
             batch.logits[i] = want_logits[i]
         batch.n_tokens = n
         start = perf_counter()
-        rc = C.llama_decode(self.ptr, batch)
-        C.llama_synchronize(self.ptr)  # a GPU backend computes asynchronously: the wait is decode time
+        rc = self._decode(self.ptr, batch)
         self.decode_seconds += perf_counter() - start
         return rc
 
@@ -309,7 +321,26 @@ class Context:
     def clear(self) -> None:
         with self._owner:
             self._live()
-            C.llama_memory_clear(self.memory, True)
+            self._clear(self.memory, True)
+
+
+def _decode_and_wait(ctx, batch) -> int:
+    rc = C.llama_decode(ctx, batch)
+    C.llama_synchronize(ctx)  # a GPU backend computes asynchronously: the wait is decode time
+    return rc
+
+
+def native(placement: Placement | None, fn, what: str):
+    """``fn`` for a model on this machine; on RPC devices, ``fn`` under the link's watchdog (rpc.py)."""
+    return fn if placement is None else placement.guard(fn, what)
+
+
+def release(placement: Placement | None, fn, ptr) -> None:
+    """Free ``ptr`` with ``fn`` (on RPC devices: unless a server was lost; then it leaks)."""
+    if placement is None:
+        fn(ptr)
+    else:
+        placement.release(fn, ptr)
 
 
 def _decode_failure(rc: int, n_tokens: int, n_ctx: int) -> str:

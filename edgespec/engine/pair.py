@@ -12,6 +12,7 @@ from ._llama import LLAMA_MAX_SEQ, Context, ContextSettings, Model
 from ._lora import LoraAdapter
 from .draft import Draft
 from .parallel import ParallelDrafter, check_base, read_adapter, untrained
+from .rpc import Placement
 from .runners import CachedModel, Target
 
 
@@ -25,6 +26,12 @@ class EngineSettings:
     repack: bool = True  # llama.cpp's CPU weight repacking (faster; batch numerics differ from B=1)
     draft_top_k: int = 32  # candidates kept per draft distribution
     probe_dir: Path | None = None  # where passed backend probes are remembered (None: probe every load)
+
+    # llama.cpp RPC servers (HOST:PORT) holding the target's layers with this machine (engine/rpc.py);
+    # None: not given (a pair's models.toml entry may name some), (): this machine only
+    rpc: tuple[str, ...] | None = None
+    tensor_split: tuple[float, ...] = ()  # the target's share per device (RPC ones, then here); (): by memory
+    rpc_timeout: float = 120.0  # seconds a call over RPC may take before its server counts as lost
 
     def context(self) -> ContextSettings:
         return ContextSettings(
@@ -52,8 +59,10 @@ class ModelPair:
         ctx = self.settings.context()
         self._models: list[Model] = []
         self._adapter: LoraAdapter | None = None  # the draft's LoRA (a parallel drafter), if loaded
+        self.where = ""  # where the target runs if not just here: "RPC 10.0.0.2:50052 + this machine (CPU)"
         try:
-            target_model = self._load(target_path, self.settings.target_gpu_layers)
+            placement = self._placement()
+            target_model = self._load(target_path, self.settings.target_gpu_layers, placement)
             self.target = Target(Context(target_model, ctx))
             self.draft: Draft | None = None
             if draft_path:
@@ -68,14 +77,28 @@ class ModelPair:
             self.close()
             raise
 
-    def _load(self, path: str, gpu_layers: int) -> Model:
+    def _placement(self) -> Placement | None:
+        """The target's devices on the RPC servers and here, when servers are named."""
+        if not self.settings.rpc:
+            if self.settings.tensor_split:
+                raise EngineError("--tensor-split splits the target over RPC servers: give them with --rpc.")
+            return None
+        settings = self.settings
+        placement = Placement(
+            settings.rpc, settings.tensor_split, settings.target_gpu_layers != 0, settings.rpc_timeout
+        )
+        self.where = placement.describe()
+        return placement
+
+    def _load(self, path: str, gpu_layers: int, placement: Placement | None = None) -> Model:
         # A crashing native kernel would kill this process: try it in a child first (once per build,
-        # CPU and file; cached).
+        # CPU and file; cached). Not for a target on RPC servers: the child would load all of it here.
         from .probe import ensure_backend_works  # imported late: the probe is also `python -m` run
 
         repack = self.settings.repack and not amx_guard()
-        ensure_backend_works(path, repack, gpu_layers, system_info(), self.settings.probe_dir)
-        model = Model(path, n_gpu_layers=gpu_layers, repack=self.settings.repack)
+        if placement is None:
+            ensure_backend_works(path, repack, gpu_layers, system_info(), self.settings.probe_dir)
+        model = Model(path, n_gpu_layers=gpu_layers, repack=self.settings.repack, placement=placement)
         self._models.append(model)
         return model
 

@@ -20,8 +20,8 @@ node smaller can be a fifth cheaper. The planners that size trees by the curves 
 such sizes only if the profile shows them.
 
 The profile is cached as JSON in ``<data home>/profiles/`` keyed by the model files (sha256 from the
-store's record, else size and mtime), the offload, the threads, the weight repacking and the
-llama.cpp build.
+store's record, else size and mtime), the offload, the threads, the weight repacking, the
+llama.cpp build and, for a target over RPC, its servers and split.
 
     profile = load_or_measure(pair)            # cached after the first time
     planner.use_costs(profile.model())         # what `auto` consumes (pure numbers)
@@ -169,7 +169,8 @@ def llama_version() -> str:
 
 
 def profile_key(pair) -> dict:
-    """Everything the costs depend on: the two model files, offload, threads, repacking, the build."""
+    """Everything the costs depend on: the two model files, offload, threads, repacking, the build, and
+    the RPC servers holding the target (only when there are some: local keys stay as they were)."""
     settings = pair.settings
     threads = settings.threads or os.cpu_count() or 1
 
@@ -179,7 +180,7 @@ def profile_key(pair) -> dict:
             return {"sha256": ident["sha256"]}
         return {k: ident[k] for k in ("path", "size", "mtime_ns")}
 
-    return {
+    key = {
         "target": identity(pair.target),
         "draft": identity(pair.draft) if pair.draft is not None else None,
         "target_gpu_layers": settings.target_gpu_layers,
@@ -189,6 +190,9 @@ def profile_key(pair) -> dict:
         "llama_cpp_python": llama_version(),
         "cpu": cpu_model(),
     }
+    if getattr(settings, "rpc", None):  # the target over RPC: its servers (and the split) are the machine
+        key["rpc"] = {"servers": list(settings.rpc), "tensor_split": list(settings.tensor_split)}
+    return key
 
 
 def profile_path(key: dict, home: Path | None = None) -> Path:

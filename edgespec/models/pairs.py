@@ -32,6 +32,8 @@ class ResolvedPair:
     draft_path: str | None
     strategy_defaults: dict[str, Any] = field(default_factory=dict)  # models.toml: strategy, budget, params
     draft_sha256: str | None = None  # the registry's, for a registry pair
+    rpc: tuple[str, ...] = ()  # models.toml: RPC servers for the target (unless --rpc says otherwise)
+    tensor_split: tuple[float, ...] = ()
 
     @property
     def defaults(self) -> PairDefaults:
@@ -76,7 +78,9 @@ def resolve_pair(
     target_path = ensure(spec.target.name)
     draft_path = ensure(spec.draft.name) if need_draft else None
     defaults = {"strategy": spec.strategy, "budget": spec.budget, **dict(spec.params)}
-    return ResolvedPair(spec.name, target_path, draft_path, defaults, spec.draft.sha256)
+    return ResolvedPair(
+        spec.name, target_path, draft_path, defaults, spec.draft.sha256, spec.rpc, spec.tensor_split
+    )
 
 
 def available_pairs() -> list[str]:
@@ -110,6 +114,7 @@ def open_pair(resolved: ResolvedPair, settings):
     in the data home, and a draft the store has hashed is known by its hash."""
     from dataclasses import replace
 
+    from ..engine.interrupts import held_interrupt
     from ..engine.limits import check_engine
     from ..engine.pair import ModelPair
     from .paths import home_dir
@@ -118,5 +123,10 @@ def open_pair(resolved: ResolvedPair, settings):
     check_engine(settings)
     if settings.probe_dir is None:
         settings = replace(settings, probe_dir=home_dir() / "probes")
+    if settings.rpc is None and resolved.rpc:  # neither --rpc nor $EDGESPEC_RPC: the pair's servers
+        settings = replace(
+            settings, rpc=resolved.rpc, tensor_split=settings.tensor_split or resolved.tensor_split
+        )
     draft_sha256 = model_identity(resolved.draft_path)["sha256"] if resolved.draft_path else None
-    return ModelPair(resolved.target_path, resolved.draft_path, settings, draft_sha256)
+    with held_interrupt():  # Ctrl-C during a load: raised when llama.cpp returns, not lost in a callback
+        return ModelPair(resolved.target_path, resolved.draft_path, settings, draft_sha256)

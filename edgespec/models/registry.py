@@ -96,6 +96,8 @@ class PairSpec:
     budget: int  # recommended draft tokens per step
     params: Mapping[str, ParamValue] = field(default_factory=lambda: MappingProxyType({}))
     origin: str = ""
+    rpc: tuple[str, ...] = ()  # llama.cpp RPC servers (HOST:PORT) for the target's layers (--rpc)
+    tensor_split: tuple[float, ...] = ()  # the target's share per device (--tensor-split)
 
 
 @dataclass(frozen=True)

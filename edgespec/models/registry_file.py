@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import difflib
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -57,9 +58,18 @@ SOURCE_KEYS = ("hf", "bundled")
 HF_KEYS = {"repo": str, "file": str, "revision": str}
 HF_REQUIRED = ("repo", "file")
 BUNDLED_KEYS = {"package_prefix": str, "module_prefix": str, "count": int, "version": str}
-PAIR_KEYS = {"target": str, "draft": str, "strategy": str, "budget": int, "params": dict}
+PAIR_KEYS = {
+    "target": str,
+    "draft": str,
+    "strategy": str,
+    "budget": int,
+    "params": dict,
+    "rpc": list,
+    "tensor_split": list,
+}
 PAIR_REQUIRED = ("target", "draft", "strategy", "budget")
-TYPE_NAMES = {str: "a string", int: "an integer", dict: "a table"}
+TYPE_NAMES = {str: "a string", int: "an integer", dict: "a table", list: "a list"}
+ENDPOINT_RE = re.compile(r"[A-Za-z0-9._-]+:[0-9]{1,5}")  # HOST:PORT (IPv4 or a name; engine/rpc.py checks it)
 EXAMPLES = {
     "tokenizer": 'tokenizer = "qwen2.5"',
     "quant": 'quant = "Q4_K_M"',
@@ -79,6 +89,8 @@ EXAMPLES = {
     "strategy": 'strategy = "chain"',
     "budget": "budget = 4",
     "params": "params = { p_min = 0.0 }",
+    "rpc": 'rpc = ["192.168.1.20:50052", "192.168.1.21:50052"]',
+    "tensor_split": "tensor_split = [3, 3, 1]",
 }
 
 
@@ -263,7 +275,22 @@ def _pair(name: str, table: dict[str, Any], file: str, models: Mapping[str, Mode
         budget=table["budget"],
         params=MappingProxyType(dict(params)),
         origin=file,
+        **_placement(table, where),
     )
+
+
+def _placement(table: dict[str, Any], where: _Where) -> dict[str, tuple]:
+    """A pair's ``rpc`` servers and ``tensor_split`` shares, as ``--rpc`` and ``--tensor-split`` take them."""
+    rpc, split = table.get("rpc", []), table.get("tensor_split", [])
+    if not all(isinstance(e, str) and ENDPOINT_RE.fullmatch(e) for e in rpc):
+        raise where.error(f"`rpc` must list HOST:PORT strings, not {rpc!r}", f"Write `{EXAMPLES['rpc']}`.")
+    numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0 for x in split)
+    if not numbers or (split and not rpc):
+        raise where.error(
+            f"`tensor_split` must list non-negative numbers, one per device, next to `rpc` (got {split!r})",
+            f"Write `{EXAMPLES['tensor_split']}`: each server's devices in `rpc` order, then this machine.",
+        )
+    return {"rpc": tuple(rpc), "tensor_split": tuple(float(x) for x in split)}
 
 
 def _pair_member(model: str, role: str, where: _Where, models: Mapping[str, ModelSpec]) -> ModelSpec:

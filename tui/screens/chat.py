@@ -148,8 +148,12 @@ class ChatScreen(Commands, Screen):
         self._loading = None
         self.loaded = event.loaded
         self._fallback = None
+        where = getattr(getattr(self.loaded.engine, "pair", None), "where", "")  # a target over RPC servers
         self.status.set(
-            state="ready", pair=self.loaded.name, n_ctx=self.loaded.engine.n_ctx, stats=msg.StatsSnapshot()
+            state="ready",
+            pair=f"{self.loaded.name} · target: {where}" if where else self.loaded.name,
+            n_ctx=self.loaded.engine.n_ctx,
+            stats=msg.StatsSnapshot(),
         )
         choice = self.strategy if self.strategy_chosen and self.strategy else self.loaded.defaults
         if not self.set_strategy(choice, chosen=self.strategy_chosen):

@@ -1,0 +1,410 @@
+"""The target's layers on llama.cpp RPC servers, and this machine's backend served to others.
+
+llama.cpp's RPC backend (``ggml-rpc.h``, protocol 7.0.0 in the llama.cpp that llama-cpp-python
+0.3.36 vendors) is compiled into llama-cpp-python's libraries when they are built with
+``GGML_RPC=ON`` (``scripts/install_llama.py`` does). llama-cpp-python binds none of its functions,
+so the few prototypes used here are declared below from the vendored ``ggml-backend.h`` and
+``ggml-rpc.h``; no llama.cpp struct is copied (devices and registries are opaque pointers).
+
+What llama.cpp's RPC client does when the network fails decides the design. It aborts the process
+(``GGML_ABORT``) when it cannot connect, when the handshake fails, and when a server dies mid-decode
+("Remote RPC server crashed…", raised on its dispatcher thread), and it has no timeouts: a server
+that stops answering blocks a decode for ever. So:
+
+- before llama.cpp connects, each server is checked here with a timeout: a TCP connect and the
+  protocol's HELLO (unreachable, busy, another protocol version → an ``EngineError`` with the fix);
+- every llama.cpp call that may talk to a server (load, context, decode, clear, free) runs on one
+  worker thread, and its caller waits at most ``timeout`` seconds (``_Link.call``);
+- ggml's abort callback catches an abort raised in ``ggml-rpc.cpp``, records it and parks that
+  thread for good instead of returning to ``abort()``: the waiting caller raises ``RpcLost`` and the
+  process (the chat app) stays up. Nothing on the link is touched again — freeing would send to the
+  lost server and wait for ever — so those objects leak, and RPC stays unusable in this process until
+  it restarts (llama.cpp keeps one connection per endpoint and cannot reconnect it).
+
+Device order follows llama.cpp's own (``llama_prepare_model_devices``): RPC devices first, then this
+machine's device, so the last layers, the output layer and the logits stay local; the draft never
+sees an RPC device (none is registered globally).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import queue
+import socket
+import struct
+import sys
+import threading
+from dataclasses import dataclass, field
+from time import monotonic
+
+import llama_cpp as C
+
+from ..errors import EngineError
+from ._backend import _ensure_backend
+
+PROTOCOL = (7, 0)  # RPC_PROTO_MAJOR/MINOR_VERSION of the vendored ggml-rpc.h
+DEFAULT_PORT = 50052
+CHECK_TIMEOUT = 5.0  # seconds for a server's TCP connect and HELLO before llama.cpp connects
+_HELLO, _CAPS = 14, 24  # RPC_CMD_HELLO; RPC_CONN_CAPS_SIZE (transport.h): rpc_msg_hello_req's size
+_CPU, _GPU, _IGPU = 0, 1, 2  # enum ggml_backend_dev_type
+RESTART = "restart edgespec: llama.cpp cannot reconnect a running process to a lost server"
+
+
+class RpcLost(EngineError):
+    """An RPC server died, hung or became unreachable after llama.cpp connected to it."""
+
+
+# -- the library's prototypes (ggml-backend.h, ggml-rpc.h, ggml.h) ------------------------------------
+_p, _size, _str = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p
+_ABORT_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_char_p)  # ggml_abort_callback_t
+_PROTOTYPES = {
+    "ggml_backend_rpc_add_server": (_p, [_str]),
+    "ggml_backend_rpc_start_server": (None, [_str, _str, _size, _size, ctypes.POINTER(_p)]),
+    "ggml_backend_reg_dev_count": (_size, [_p]),
+    "ggml_backend_reg_dev_get": (_p, [_p, _size]),
+    "ggml_backend_dev_count": (_size, []),
+    "ggml_backend_dev_get": (_p, [_size]),
+    "ggml_backend_dev_by_type": (_p, [ctypes.c_int]),
+    "ggml_backend_dev_type": (ctypes.c_int, [_p]),
+    "ggml_backend_dev_name": (_str, [_p]),
+    "ggml_backend_dev_description": (_str, [_p]),
+    "ggml_backend_dev_memory": (None, [_p, ctypes.POINTER(_size), ctypes.POINTER(_size)]),
+    "ggml_set_abort_callback": (_p, [_ABORT_CALLBACK]),
+}
+
+
+def _library():
+    """llama-cpp-python's library with the prototypes declared; an ``EngineError`` if RPC is missing."""
+    _ensure_backend()
+    lib = C.llama_cpp._lib
+    if not hasattr(lib, "ggml_backend_rpc_add_server"):
+        raise EngineError(
+            "this llama-cpp-python was built without llama.cpp's RPC backend. Reinstall it with "
+            "`python scripts/install_llama.py` (it builds with GGML_RPC=ON)."
+        )
+    for name, (restype, argtypes) in _PROTOTYPES.items():
+        function = getattr(lib, name)
+        function.restype, function.argtypes = restype, argtypes
+    return lib
+
+
+# -- endpoints and the handshake ---------------------------------------------------------------------
+def parse_endpoints(text: str | tuple[str, ...]) -> tuple[str, ...]:
+    """``HOST:PORT[,HOST:PORT…]`` (or its parts) checked: an IPv4 address or a host name, a port."""
+    parts = text.split(",") if isinstance(text, str) else text
+    endpoints = tuple(p.strip() for p in parts if p.strip())
+    for endpoint in endpoints:
+        host, _, port = endpoint.rpartition(":")
+        if not host or ":" in host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise EngineError(
+                f"RPC server {endpoint!r} is not HOST:PORT (e.g. 192.168.1.20:{DEFAULT_PORT}; IPv4 or a "
+                "host name, no IPv6: llama.cpp's RPC client speaks IPv4 only)."
+            )
+    if not endpoints:
+        raise EngineError(f"no RPC server given: write --rpc HOST:PORT[,HOST:PORT…] (port {DEFAULT_PORT}).")
+    if len(set(endpoints)) != len(endpoints):
+        raise EngineError(f"an RPC server is named twice in {','.join(endpoints)}: name each once.")
+    return endpoints
+
+
+def check_server(endpoint: str, timeout: float = CHECK_TIMEOUT) -> tuple[int, int, int]:
+    """The server's protocol version, from a TCP connect and the HELLO handshake llama.cpp would do;
+    an ``EngineError`` that says what to do when it cannot be reached or speaks another version."""
+    host, _, port = endpoint.rpartition(":")
+    hello = struct.pack("<BQ", _HELLO, _CAPS) + bytes(_CAPS)  # cmd, request size, no transport caps
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+            sock.sendall(hello)
+            reply = _receive(sock, 8 + 4 + _CAPS)
+    except TimeoutError:
+        raise EngineError(
+            f"the RPC server {endpoint} accepted the connection but did not answer within {timeout:g} s: "
+            "it serves one client at a time, so another edgespec or llama.cpp may be using it. Stop that "
+            "client or start another `edgespec rpc-server`."
+        ) from None
+    except OSError as exc:
+        raise EngineError(
+            f"cannot reach the RPC server {endpoint} ({exc.strerror or exc}). Start it there with "
+            f"`edgespec rpc-server --host ADDRESS --port {port}`, and check the address and any firewall."
+        ) from None
+    size = struct.unpack_from("<Q", reply)[0] if len(reply) >= 8 else None
+    if size != 4 + _CAPS or len(reply) < 12:
+        raise EngineError(
+            f"the RPC server {endpoint} closed the handshake: it speaks another version of llama.cpp's RPC "
+            f"protocol than this edgespec ({PROTOCOL[0]}.{PROTOCOL[1]}). Run the same edgespec (or a "
+            "llama.cpp of the same protocol) on both machines."
+        )
+    major, minor, patch = reply[8:11]
+    if major != PROTOCOL[0] or minor > PROTOCOL[1]:
+        raise EngineError(
+            f"the RPC server {endpoint} speaks protocol {major}.{minor}.{patch}, this edgespec "
+            f"{PROTOCOL[0]}.{PROTOCOL[1]}: run the same edgespec (or llama.cpp version) on both machines."
+        )
+    return major, minor, patch
+
+
+def _receive(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def _refusing(endpoints: tuple[str, ...], timeout: float = 1.0) -> list[str]:
+    """The endpoints that no longer accept connections (a server still serving us accepts into its
+    backlog): which server was lost, as far as can be told."""
+    lost = []
+    for endpoint in endpoints:
+        host, _, port = endpoint.rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=timeout).close()
+        except OSError:
+            lost.append(endpoint)
+    return lost
+
+
+# -- the watchdog ---------------------------------------------------------------------------------------
+@dataclass
+class _Job:
+    fn: object
+    args: tuple
+    done: threading.Event = field(default_factory=threading.Event)
+    finished: bool = False
+    result: object = None
+    error: BaseException | None = None
+
+
+class _Link:
+    """One worker thread runs every llama.cpp call that may talk to an RPC server; callers wait with a
+    bounded timeout, and a lost server (ggml's abort, parked) or a silent one makes RPC unusable here."""
+
+    def __init__(self) -> None:
+        self.lost: str | None = None  # why RPC is unusable in this process; None while it is fine
+        self.heartbeat = 0.0  # when the call in flight last showed progress (model loading reports it)
+        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self._current: _Job | None = None
+        self._worker: threading.Thread | None = None
+        self._callback = _ABORT_CALLBACK(self._on_abort)  # kept alive: the library holds its address
+        self._abort_message = ""
+
+    def call(self, fn, args: tuple, what: str, endpoints: tuple[str, ...], timeout: float):
+        if self.lost:
+            raise RpcLost(self.lost)
+        if self._worker is None:
+            _library().ggml_set_abort_callback(self._callback)
+            self._worker = threading.Thread(target=self._work, name="edgespec-rpc", daemon=True)
+            self._worker.start()
+        job = _Job(fn, args)
+        self._current, self.heartbeat = job, monotonic()
+        self._jobs.put(job)
+        while not job.done.wait(max(0.0, min(1.0, self.heartbeat + timeout - monotonic()))):
+            if monotonic() - self.heartbeat >= timeout:
+                names = ", ".join(endpoints)
+                self.lost = (
+                    f"the RPC server(s) {names} did not answer within {timeout:g} s while {what} "
+                    f"(--rpc-timeout): check the servers and the network, then {RESTART}."
+                )
+                raise RpcLost(self.lost)
+        if not job.finished:  # woken by the abort callback
+            names = ", ".join(_refusing(endpoints) or endpoints)
+            self.lost = (
+                f"lost the connection to the RPC server {names} while {what} (stopped, crashed or cut off; "
+                f"llama.cpp: {self._abort_message}). Start `edgespec rpc-server` there again, then {RESTART}."
+            )
+            raise RpcLost(self.lost)
+        if job.error is not None:
+            raise job.error
+        return job.result
+
+    def _work(self) -> None:
+        while True:
+            job = self._jobs.get()
+            try:
+                job.result = job.fn(*job.args)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                job.error = exc
+            job.finished = True
+            job.done.set()
+
+    def _on_abort(self, message: bytes) -> None:
+        text = (message or b"").decode("utf-8", errors="replace")
+        if "ggml-rpc" not in text:  # any other abort: llama.cpp's own behaviour (print, then abort())
+            print(text, file=sys.stderr, flush=True)
+            return
+        self._abort_message = text.rsplit(": ", 1)[-1].strip()
+        self.lost = self.lost or (
+            f"lost the connection to an RPC server (llama.cpp: {self._abort_message}). Start "
+            f"`edgespec rpc-server` there again, then {RESTART}."
+        )
+        if self._current is not None:  # its caller says which server, and what it was doing
+            self._current.done.set()
+        libc = ctypes.CDLL(None)
+        while True:  # park this thread for good: returning would abort() the whole process
+            libc.pause()
+
+
+_LINK = _Link()
+
+
+def rpc_lost() -> str | None:
+    """Why RPC is unusable in this process (a server was lost), or None."""
+    return _LINK.lost
+
+
+# -- where a model's layers go ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Device:
+    ptr: int  # ggml_backend_dev_t
+    name: str  # llama.cpp's: RPC0, RPC1, …, CPU, CUDA0
+    where: str  # the endpoint, or "this machine"
+    free: int  # bytes
+    total: int
+
+
+class Placement:
+    """A model's devices: every device of each RPC server, in the order given, then this machine's
+    (its GPUs when ``local_gpu`` and the build has some, else its CPU) — so the output layer and the
+    logits stay local. ``shares``: llama.cpp's ``tensor_split``, one value per device (empty: by free
+    memory; a 0 for this machine keeps no layer here). ``timeout``: seconds a call may take."""
+
+    def __init__(
+        self, endpoints: tuple[str, ...], shares: tuple[float, ...], local_gpu: bool, timeout: float
+    ):
+        self.endpoints, self.timeout = parse_endpoints(endpoints), timeout
+        for endpoint in self.endpoints:
+            check_server(endpoint, min(timeout, CHECK_TIMEOUT))
+        lib = _library()
+        self.devices: list[Device] = []
+        for endpoint in self.endpoints:
+            add = lib.ggml_backend_rpc_add_server  # connects: checked above, so it will not abort
+            reg = self.call(add, (endpoint.encode(),), f"connecting to {endpoint}")
+            if not reg:
+                raise EngineError(f"the RPC server {endpoint} offers no device. Check its output.")
+            for i in range(lib.ggml_backend_reg_dev_count(reg)):
+                self.devices.append(self._device(lib.ggml_backend_reg_dev_get(reg, i), endpoint))
+        here = local_devices(lib, gpu=local_gpu)
+        self.devices += [self._device(d, "this machine") for d in here]
+        self.shares = _check_shares(shares, self.devices)
+        self._keep = self._arrays()
+        self._progress = C.llama_progress_callback(self._loading)
+
+    def _device(self, ptr: int, where: str) -> Device:
+        lib = C.llama_cpp._lib
+        free, total = ctypes.c_size_t(), ctypes.c_size_t()
+        memory = lib.ggml_backend_dev_memory  # on an RPC device: a round trip
+        self.call(memory, (ptr, ctypes.byref(free), ctypes.byref(total)), f"asking {where} for its memory")
+        return Device(ptr, lib.ggml_backend_dev_name(ptr).decode(), where, free.value, total.value)
+
+    def _arrays(self):
+        devices = (ctypes.c_void_p * (len(self.devices) + 1))(*(d.ptr for d in self.devices), None)
+        split = (ctypes.c_float * max(C.llama_max_devices(), len(self.devices)))(*self.shares)
+        return devices, split
+
+    def _loading(self, progress: float, user_data) -> bool:
+        _LINK.heartbeat = monotonic()  # a slow link loading a large model is not a silent server
+        return True
+
+    def apply(self, params) -> None:
+        """Point ``llama_model_params`` at these devices: every layer on them, split as asked."""
+        devices, split = self._keep
+        params.devices = ctypes.cast(devices, ctypes.c_void_p).value
+        params.n_gpu_layers = -1  # all layers (and the output layer) over the device list
+        params.tensor_split = split if self.shares else None
+        params.progress_callback = self._progress
+
+    def call(self, fn, args: tuple, what: str):
+        return _LINK.call(fn, args, what, self.endpoints, self.timeout)
+
+    def guard(self, fn, what: str):
+        """``fn`` run on the RPC worker, waited for at most ``timeout`` seconds."""
+        return lambda *args: self.call(fn, args, what)
+
+    def release(self, fn, ptr) -> None:
+        """Free ``ptr`` with ``fn`` — unless a server was lost: then it leaks (freeing would wait for
+        ever on the lost connection)."""
+        if _LINK.lost is None:
+            with contextlib.suppress(RpcLost):
+                self.call(fn, (ptr,), "freeing memory on the RPC servers")
+
+    def describe(self) -> str:
+        """Where the layers are, e.g. ``RPC 10.0.0.2:50052, 10.0.0.3:50052 + this machine (CPU)``."""
+        here = [d.name for d in self.devices if d.where == "this machine"]
+        if self.shares and not any(self.shares[-len(here) :]):
+            return f"RPC {', '.join(self.endpoints)}"
+        return f"RPC {', '.join(self.endpoints)} + this machine ({'+'.join(here)})"
+
+    def load_failed(self, path: str) -> str:
+        """What to say when llama.cpp could not load ``path`` onto these devices."""
+        size = os.path.getsize(path)
+        listing = ", ".join(f"{d.name} ({d.where}, {d.free / 2**30:.1f} GiB free)" for d in self.devices)
+        return (
+            f"llama.cpp could not load {os.path.basename(path)} ({size / 2**30:.1f} GiB) onto {listing}. "
+            "If the weights do not fit, give the fuller devices a smaller share with --tensor-split, add a "
+            "server, or pick a smaller quantization; set EDGESPEC_LLAMA_LOG=1 for llama.cpp's messages."
+        )
+
+    def check_fit(self, path: str) -> None:
+        """Refuse early when an RPC device's share of the weights is larger than its free memory."""
+        problem = fit_problem(os.path.getsize(path), self.shares, self.devices)
+        if problem:
+            raise EngineError(f"{os.path.basename(path)}: {problem}")
+
+
+def _check_shares(shares: tuple[float, ...], devices: list[Device]) -> tuple[float, ...]:
+    if not shares:
+        return ()
+    order = ", ".join(f"{d.name} ({d.where})" for d in devices)
+    if len(shares) != len(devices) or min(shares) < 0 or sum(shares) <= 0:
+        raise EngineError(
+            f"--tensor-split needs {len(devices)} non-negative values, not all 0, one per device in this "
+            f"order: {order} (got {','.join(f'{s:g}' for s in shares)})."
+        )
+    return tuple(float(s) for s in shares)
+
+
+def fit_problem(size: int, shares: tuple[float, ...], devices: list[Device]) -> str | None:
+    """Why ``size`` bytes of weights split by ``shares`` (empty: by free memory, as llama.cpp does)
+    would not fit the RPC devices' free memory, or None. This machine's device is not checked: its
+    weights are memory-mapped from the file."""
+    weights = shares or tuple(float(d.free) for d in devices)
+    total = sum(weights) or 1.0
+    for device, weight in zip(devices, weights):
+        need = size * weight / total
+        if device.where != "this machine" and need > device.free:
+            return (
+                f"about {need / 2**30:.1f} GiB of the weights would go to {device.name} ({device.where}), "
+                f"which has {device.free / 2**30:.1f} GiB free. Give it a smaller share with --tensor-split, "
+                "add a server, or pick a smaller quantization."
+            )
+    return None
+
+
+def local_devices(lib, gpu: bool) -> list[int]:
+    """This machine's devices for a model's share, as llama.cpp's rpc-server picks what to serve: its
+    GPUs (when ``gpu`` and the build has some), else its CPU."""
+    devices = [lib.ggml_backend_dev_get(i) for i in range(lib.ggml_backend_dev_count())]
+    gpus = [d for d in devices if lib.ggml_backend_dev_type(d) in (_GPU, _IGPU)] if gpu else []
+    return gpus or [lib.ggml_backend_dev_by_type(_CPU)]
+
+
+def serve(endpoint: str, threads: int, cache_dir: str | None) -> threading.Thread:
+    """Start llama.cpp's RPC server for this machine's GPUs (else its CPU) on a daemon thread and return
+    the thread: ``ggml_backend_rpc_start_server`` serves one client after another until the process
+    ends, and returns early only when it cannot listen (it prints why)."""
+    lib = _library()
+    devices = local_devices(lib, gpu=True)
+    array = (ctypes.c_void_p * len(devices))(*devices)
+    cache = cache_dir.encode() if cache_dir else None
+    thread = threading.Thread(
+        target=lib.ggml_backend_rpc_start_server,
+        args=(endpoint.encode(), cache, threads, len(devices), array),
+        name="edgespec-rpc-server",
+        daemon=True,
+    )
+    thread.start()
+    return thread
