@@ -77,7 +77,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-_DISK_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOENT, errno.ENOTDIR}
+_DISK_ERRNOS = {
+    errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOENT, errno.ENOTDIR
+}
 
 
 def os_error(exc: OSError) -> str:

@@ -11,6 +11,7 @@ All access happens on one thread (the UI thread); nothing here knows about Textu
 from __future__ import annotations
 
 import json
+import os
 import re
 import sqlite3
 import time
@@ -87,12 +88,20 @@ def title_from(text: str) -> str:
 
 
 class ChatStore:
-    """The conversation history. Each public method is one committed transaction."""
+    """The conversation history. Each public method is one committed transaction.
 
-    def __init__(self, path: Path | str | None = None):
+    ``exclusive`` (the chat app): this process owns the history while it is open — a second app on
+    the same file is refused with a message, so neither marks the other's streaming answer
+    'interrupted' nor interleaves its turns. The claim is an advisory lock on ``<file>.lock``, which
+    the system drops when the process ends, however it ends (``kill -9`` too)."""
+
+    def __init__(self, path: Path | str | None = None, exclusive: bool = False):
         self.path = Path(path) if path is not None else default_path()
+        self._lock = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            if exclusive:
+                self._lock = _claim(self.path)
             self._db = sqlite3.connect(self.path, isolation_level=None)  # autocommit; explicit transactions
             self._db.row_factory = sqlite3.Row
             self._db.execute("PRAGMA journal_mode = WAL")
@@ -118,6 +127,9 @@ class ChatStore:
 
     def close(self) -> None:
         self._db.close()
+        if self._lock is not None:
+            self._lock.close()  # releases the claim
+            self._lock = None
 
     def __enter__(self) -> ChatStore:
         return self
@@ -304,6 +316,31 @@ class _Transaction:
                 f"cannot write the chat history {self.path}: {exc}. Check free disk space and permissions."
             ) from exc
         return False
+
+
+def _claim(path: Path):
+    """An open lock file held exclusively by this process; ``StorageError`` if another holds it."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no claim (edgespec is tested on Linux)
+        return None
+    lock_path = path.with_name(path.name + ".lock")
+    lock = open(lock_path, "a+", encoding="utf-8")  # held open as long as the store is
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.seek(0)
+        holder = lock.read().strip() or "?"
+        lock.close()
+        raise StorageError(
+            f"the chat history {path} is open in another `edgespec chat` (pid {holder}). Close that one "
+            "first, or set EDGESPEC_HOME to another directory to keep a separate history."
+        ) from None
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    return lock
 
 
 def _message(r: sqlite3.Row) -> StoredMessage:

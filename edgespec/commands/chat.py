@@ -35,6 +35,6 @@ def run(args) -> int:
     settings = ChatSettings(
         sampling=options.sampling_params(args), max_tokens=args.max_tokens, system_prompt=args.system
     )
-    app = ChatApp(ChatBackend.from_args(args), ChatStore(), settings=settings)
+    app = ChatApp(ChatBackend.from_args(args), ChatStore(exclusive=True), settings=settings)
     app.run()
     return int(app.return_code or 0)

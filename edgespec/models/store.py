@@ -130,10 +130,10 @@ class ModelStore:
         """
         resolved = self.registry.resolve_model(name_or_path)
         if isinstance(resolved, Path):
-            return resolved
+            return self.check_unchanged(resolved, str(resolved), None, progress, on_progress)
         path = self.models_dir / resolved.filename
         if path.is_file():
-            return path
+            return self.check_unchanged(path, resolved.name, resolved.sha256, progress, on_progress)
         if resolved.bundled:
             return self._install(resolved, progress, on_progress)
         size = f" ({format_bytes(resolved.size)})" if resolved.size else ""
@@ -208,6 +208,44 @@ class ModelStore:
 
     # --- verifying and removing ------------------------------------------------------------------
 
+    def check_unchanged(
+        self,
+        path: Path,
+        name: str,
+        expected: str | None,
+        progress: bool = True,
+        on_progress: ProgressCallback | None = None,
+    ) -> Path:
+        """``path`` if it is still the file the store hashed: a model with a record (pulled or verified)
+        whose size or mtime changed since, or whose last verify failed, is hashed again (with
+        progress) and refused unless it matches. A file the store never hashed is taken as it is."""
+        record_path = path.with_name(path.name + ".verified.json")
+        record = _read_record(record_path)
+        if record is None:
+            return path
+        reference = expected or record.get("sha256")
+        stat = path.stat()
+        same = record.get("size") == stat.st_size and record.get("mtime_ns") == stat.st_mtime_ns
+        if same and record.get("sha256") == reference:
+            return path
+        with _reporter(progress) as report:
+            label = f"check sha256 of {path.name} (changed since it was verified)"
+            actual = sha256_file(path, _tee(report(label), on_progress))
+        try:
+            _write_record_at(record_path, path, reference or actual, verified=actual == reference)
+        except OSError:  # a read-only store: the answer stands, it is only not remembered
+            pass
+        if reference is not None and actual != reference:
+            fix = (
+                f"Remove it (`edgespec models rm {name}`) and pull it again (`edgespec models pull {name}`)."
+                if name in self.registry.models
+                else f"Restore the file, or delete {record_path} to use it as it is now."
+            )
+            raise ModelStoreError(
+                f"{path} changed since it was verified: sha256 {actual}, expected {reference}. {fix}"
+            )
+        return path
+
     def verify(self, name: str, progress: bool = True) -> VerifyResult:
         """Rehash an installed model and compare with models.toml (or the hash recorded at install)."""
         spec = self.registry.model(name)
@@ -248,18 +286,27 @@ class ModelStore:
         return self.models_dir / f"{name}.gguf.verified.json"
 
     def _record(self, name: str) -> dict | None:
-        try:
-            return json.loads(self._record_path(name).read_text())
-        except (OSError, ValueError):
-            return None
+        return _read_record(self._record_path(name))
 
     def _write_record(self, name: str, sha256: str, verified: bool) -> None:
-        """Remember the reference hash; with ``verified``, also the stat it matched (else: unverified)."""
-        stat = (self.models_dir / f"{name}.gguf").stat()
-        record = {"sha256": sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns if verified else None}
-        tmp = self._record_path(name).with_suffix(".tmp")
-        tmp.write_text(json.dumps(record) + "\n")
-        os.replace(tmp, self._record_path(name))
+        _write_record_at(self._record_path(name), self.models_dir / f"{name}.gguf", sha256, verified)
+
+
+def _read_record(path: Path) -> dict | None:
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _write_record_at(record_path: Path, model: Path, sha256: str, verified: bool) -> None:
+    """Remember the reference hash; with ``verified``, also the stat it matched (else: unverified)."""
+    stat = model.stat()
+    record = {"sha256": sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns if verified else None}
+    tmp = record_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record) + "\n")
+    os.replace(tmp, record_path)
 
 
 # --- progress ------------------------------------------------------------------------------------
