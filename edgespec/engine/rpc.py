@@ -251,11 +251,6 @@ class _Link:
 _LINK = _Link()
 
 
-def rpc_lost() -> str | None:
-    """Why RPC is unusable in this process (a server was lost), or None."""
-    return _LINK.lost
-
-
 # -- where a model's layers go ----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Device:
@@ -276,6 +271,8 @@ class Placement:
         self, endpoints: tuple[str, ...], shares: tuple[float, ...], local_gpu: bool, timeout: float
     ):
         self.endpoints, self.timeout = parse_endpoints(endpoints), timeout
+        if _LINK.lost:  # before the check: a server still connected to this process would seem busy
+            raise RpcLost(_LINK.lost)
         for endpoint in self.endpoints:
             check_server(endpoint, min(timeout, CHECK_TIMEOUT))
         lib = _library()
