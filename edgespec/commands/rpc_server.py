@@ -60,7 +60,7 @@ def run(args) -> int:
         os.makedirs(cache, exist_ok=True)
     if not loopback:
         print(WARNING.format(host=host, port=port), file=sys.stderr, flush=True)
-    threads = args.threads or len(os.sched_getaffinity(0))
+    threads = args.threads or os.cpu_count() or 1  # (os.sched_getaffinity is Linux only)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # `kill` stops it like Ctrl-C does
     server = rpc.serve(f"{host}:{port}", threads, cache)
     print(
