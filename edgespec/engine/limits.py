@@ -7,7 +7,7 @@ from __future__ import annotations
 from ..errors import EngineError
 from ._llama import LLAMA_MAX_SEQ
 
-MIN_CTX = 64  # tokens: below this no prompt and answer fit anyway
+BATCH = 512  # tokens: the batches a prompt is decoded in (engine/pair.py: EngineSettings.context)
 MAX_CTX = 1 << 24  # llama.cpp's context sizes are 32-bit; far beyond any model's training context
 MAX_THREADS = 1024
 
@@ -15,16 +15,17 @@ MAX_THREADS = 1024
 def check_engine(settings) -> None:
     """``settings``: an ``EngineSettings``; ``EngineError`` naming the flag when a limit is crossed.
 
-    The context must hold the largest batch a step decodes (the whole draft tree and its root):
-    llama.cpp caps its batch at the context size and asserts when a tree is larger."""
+    The context must hold the batches the engine decodes (a prompt's chunks, a whole draft tree with
+    the tokens before it): llama.cpp caps its batch at the context size asked for (while it rounds the
+    context itself up) and asserts when a batch is larger."""
     nodes = settings.max_tree_nodes
     if not _whole(nodes) or not 1 <= nodes < LLAMA_MAX_SEQ:
         raise EngineError(f"--max-tree-nodes must be from 1 to {LLAMA_MAX_SEQ - 1}, not {nodes}.")
-    least = max(MIN_CTX, nodes + 1)
+    least = max(BATCH, nodes + 1)
     if not _whole(settings.n_ctx) or not least <= settings.n_ctx <= MAX_CTX:
         raise EngineError(
-            f"--ctx must be from {least} to {MAX_CTX} tokens (at least {MIN_CTX}, and more than "
-            f"--max-tree-nodes {nodes}: a step decodes the whole tree at once), not {settings.n_ctx}."
+            f"--ctx must be from {least} to {MAX_CTX} tokens (the engine decodes in batches of up to "
+            f"{least} tokens, and a batch must fit the window), not {settings.n_ctx}."
         )
     if not _whole(settings.threads) or not 0 <= settings.threads <= MAX_THREADS:
         raise EngineError(f"--threads must be from 0 (all cores) to {MAX_THREADS}, not {settings.threads}.")
