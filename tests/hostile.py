@@ -14,10 +14,14 @@ START_TIMEOUT = 120.0  # seconds: the bundled pair loads in a few; the tiny GGUF
 
 
 class Served:
-    def __init__(self, argv: list[str], home: Path, env: dict[str, str] | None = None):
+    def __init__(self, argv: list[str], home: Path, own_home: bool = True, env: dict[str, str] | None = None):
+        """``home``: where the log goes, and (``own_home``) the server's EDGESPEC_HOME; without it the
+        server uses the installed models (the bundled pair)."""
         self.log_path = home / "serve.log"
-        self.log = open(self.log_path, "w+", encoding="utf-8")  # noqa: SIM115 - closed in stop()
-        environment = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "EDGESPEC_HOME": str(home)}
+        self.log = open(self.log_path, "w+", encoding="utf-8")  # closed in stop()
+        environment = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        if own_home:
+            environment["EDGESPEC_HOME"] = str(home)
         environment.pop("EDGESPEC_API_KEY", None)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "edgespec", "serve", "--port", "0", *argv],

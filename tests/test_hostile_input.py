@@ -340,7 +340,7 @@ def test_7_cancelled_waiting_jobs_give_their_place_up():
 
     from types import SimpleNamespace
 
-    ask = SimpleNamespace(messages=(), settings=None)
+    ask = SimpleNamespace(run=lambda session, cancel, stats: session.stream((), None, cancel, stats))
     for max_queue in (1, 0):
         gate.clear()
         started.clear()
@@ -414,12 +414,11 @@ def test_prompt_building_is_linear_and_keeps_message_text(tiny, tmp_path):
 
 
 @pytest.mark.model
-def test_13_ctrl_c_while_the_bundled_pair_loads(home):
+def test_13_ctrl_c_while_the_bundled_pair_loads():
     from realmodels import bundled_paths
 
     bundled_paths()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    env.pop("EDGESPEC_HOME")  # the installed pair
     for delay in (0.6, 1.4):
         proc = subprocess.Popen(
             [sys.executable, "-m", "edgespec", "generate", "Say hi", "--strategy", "chain", "--ctx", "512",

@@ -55,7 +55,7 @@ def register(sub) -> None:
         "--max-body-bytes", type=int, default=8 * 1024 * 1024, help="largest request body (default 8 MiB)"
     )
     p.add_argument(
-        "--max-messages", type=int, default=4096, help="most messages in one request (default 4096)"
+        "--max-messages", type=int, default=1024, help="most messages in one request (default 1024)"
     )
     p.add_argument(
         "--special-tokens",

@@ -47,7 +47,7 @@ class Defaults:
     model: str  # the one model id this server answers for
     sampling: SamplingParams = SamplingParams()
     max_tokens: int = 512
-    max_messages: int = 4096  # messages one request may carry
+    max_messages: int = 1024  # messages one request may carry (serve --max-messages)
     special_tokens: bool = False  # parse special-token text in messages as markup (serve --special-tokens)
 
 
