@@ -27,3 +27,7 @@ class PairingError(EdgespecError):
 
 class ContextFullError(EdgespecError):
     """The conversation no longer fits the context window."""
+
+
+class PromptError(EdgespecError):
+    """A prompt this model cannot take: fill in the middle without FIM tokens, token ids out of range."""

@@ -34,9 +34,11 @@ if TYPE_CHECKING:
     import argparse
 
     from .decoding.chat import ChatSettings, Message
+    from .decoding.completion import CompletionPrompt
     from .engine.pair import EngineSettings, ModelPair
     from .models.pairs import ResolvedPair
 
+MIB = 1024 * 1024
 LoadCallback = Callable[[str, int, int], None]  # (stage, done bytes, total bytes; 0 = unknown)
 
 
@@ -71,8 +73,21 @@ class ChatEngine(Protocol):
         it stops at the next step once ``cancel`` is set; totals accumulate into ``stats``."""
         ...
 
+    def complete(
+        self,
+        planner: Planner | None,
+        prompt: CompletionPrompt,
+        settings: ChatSettings,
+        cancel: threading.Event,
+        stats: GenerationStats,
+    ) -> Iterator[StepEvent]:
+        """The continuation of a raw prompt, or the middle between its text and ``suffix`` (fill in the
+        middle); like ``stream`` otherwise."""
+        ...
+
     def forget(self) -> None:
-        """Empty the KV caches, so nothing cached can change the next answer (``edgespec serve``)."""
+        """Empty the KV caches and the saved conversations, so nothing cached can change the next
+        answer (``edgespec serve --no-prompt-cache``)."""
         ...
 
     def close(self) -> None: ...
@@ -127,6 +142,7 @@ class LoadRequest:
     draft: str | None = None
     choice: StrategyChoice = StrategyChoice("auto")
     engine: EngineSettings | None = None  # None: EngineSettings()
+    cache_ram: int = 0  # bytes of host memory for saved conversations' KV (engine/kv_cache.py); 0: none
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> LoadRequest:
@@ -134,7 +150,8 @@ class LoadRequest:
         from . import options
 
         choice, engine = options.strategy_choice(args), options.engine_settings(args)
-        return cls(args.pair, args.target, args.draft, choice, engine)
+        cache_ram = int(getattr(args, "cache_ram", 0) * MIB) if getattr(args, "prompt_cache", True) else 0
+        return cls(args.pair, args.target, args.draft, choice, engine, cache_ram)
 
 
 class ChatBackend:
@@ -175,7 +192,7 @@ class ChatBackend:
 
         resolved, choice = self.resolve(pair, on_progress)
         on_progress(f"loading {resolved.name} into memory", 0, 0)
-        engine = PairEngine(open_pair(resolved, self.request.engine))
+        engine = PairEngine(open_pair(resolved, self.request.engine), self.request.cache_ram)
         self.pair = resolved.defaults
         return LoadedPair(engine, resolved.name, choice)
 
@@ -185,13 +202,19 @@ class ChatBackend:
 
 
 class PairEngine:
-    """A ``ModelPair`` as a ``ChatEngine``: replies through ``edgespec.decoding.chat.stream_reply``."""
+    """A ``ModelPair`` as a ``ChatEngine``: the prompt rendered by ``edgespec.decoding.chat`` (or
+    ``decoding.completion``), the reply through ``decoding.chat.stream_tokens``. The contexts keep the
+    longest common prefix of what they hold and each prompt; ``cache_ram`` bytes of host memory keep
+    recent conversations' KV besides (``engine.kv_cache.PromptCache``)."""
 
-    def __init__(self, pair: ModelPair):
+    def __init__(self, pair: ModelPair, cache_ram: int = 0):
+        from .engine.kv_cache import PromptCache
+
         self.pair = pair
         self.n_ctx = pair.target.n_ctx
         self.has_draft = pair.draft is not None
         self._with_costs: set[int] = set()  # planners given this pair's cost profile already
+        self.cache = PromptCache(pair, cache_ram)
 
     def piece(self, token: int) -> str:
         return self.pair.target.model.piece(token).decode("utf-8", errors="replace")
@@ -208,11 +231,33 @@ class PairEngine:
             self._with_costs.add(id(planner))
 
     def stream(self, planner, messages, settings, cancel, stats) -> Iterator[StepEvent]:
-        from .decoding.chat import stream_reply
+        from .decoding.chat import prompt_tokens
 
-        return stream_reply(self.pair, planner, messages, settings, cancel=cancel, stats=stats)
+        tokens, stats.dropped_messages = prompt_tokens(self.pair, messages, settings)
+        yield from self._continue(planner, tokens, settings, cancel, stats)
+
+    def complete(self, planner, prompt, settings, cancel, stats) -> Iterator[StepEvent]:
+        from .decoding.completion import completion_tokens
+
+        tokens = completion_tokens(self.pair, prompt, settings)
+        yield from self._continue(planner, tokens, settings, cancel, stats)
+
+    def _continue(self, planner, tokens, settings, cancel, stats) -> Iterator[StepEvent]:
+        from .decoding.chat import stream_tokens
+
+        self.cache.prepare(tokens)  # a saved conversation that shares more of the prompt comes back
+        try:
+            yield from stream_tokens(self.pair, planner, tokens, settings, cancel, stats)
+        except Exception:
+            self.pair.forget()  # a failed step may leave the caches out of step with their bookkeeping
+            raise
+
+    def cache_info(self) -> dict:
+        """The prompt cache: saved conversations, their bytes, the budget, saves and restores."""
+        return {**self.cache.info(), "live_tokens": self.context_used()}
 
     def forget(self) -> None:
+        self.cache.clear()
         self.pair.forget()
 
     def close(self) -> None:
@@ -229,6 +274,7 @@ class ChatSession:
     planner: Planner | None  # None: plain decoding
     strategy: str  # the planner's strategy name ("none": plain decoding), reported with each answer
     name: str  # the pair's name
+    prompt_cache: bool = True  # False: every answer starts from empty caches (``engine.forget()``)
 
     def stream(
         self,
@@ -237,9 +283,26 @@ class ChatSession:
         cancel: threading.Event,
         stats: GenerationStats,
     ) -> Iterator[StepEvent]:
-        """The reply to ``messages`` (see ``ChatEngine.stream``); it continues from whatever the caches
-        hold: call ``engine.forget()`` first for an answer that depends on nothing before it."""
+        """The reply to ``messages`` (see ``ChatEngine.stream``): it continues from the longest prefix
+        of its prompt the caches hold, or, without ``prompt_cache``, from empty caches (an answer that
+        depends on nothing before it)."""
+        self._begin()
         return self.engine.stream(self.planner, messages, settings, cancel, stats)
+
+    def complete(
+        self,
+        prompt: CompletionPrompt,
+        settings: ChatSettings,
+        cancel: threading.Event,
+        stats: GenerationStats,
+    ) -> Iterator[StepEvent]:
+        """A raw prompt's continuation, or fill in the middle (see ``ChatEngine.complete``)."""
+        self._begin()
+        return self.engine.complete(self.planner, prompt, settings, cancel, stats)
+
+    def _begin(self) -> None:
+        if not self.prompt_cache:
+            self.engine.forget()
 
     def close(self) -> None:
         self.engine.close()
@@ -249,9 +312,12 @@ def _quiet(stage: str, done: int, total: int) -> None:
     pass
 
 
-def start_session(backend: Backend, on_progress: LoadCallback | None = None) -> ChatSession:
+def start_session(
+    backend: Backend, on_progress: LoadCallback | None = None, prompt_cache: bool = True
+) -> ChatSession:
     """Load the request's pair with the planner of its first strategy, ready to answer (its cost
-    profile measured if it uses one); ``EdgespecError`` when that planner needs a draft it lacks."""
+    profile measured if it uses one); ``EdgespecError`` when that planner needs a draft it lacks.
+    ``prompt_cache`` False: every answer starts from empty caches."""
     progress = on_progress or _quiet
     loaded = backend.load(None, progress)
     try:
@@ -264,4 +330,4 @@ def start_session(backend: Backend, on_progress: LoadCallback | None = None) -> 
         loaded.engine.close()
         raise
     strategy = loaded.defaults.name if planner is not None else "none"
-    return ChatSession(loaded.engine, planner, strategy, loaded.name)
+    return ChatSession(loaded.engine, planner, strategy, loaded.name, prompt_cache)

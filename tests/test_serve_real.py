@@ -34,7 +34,10 @@ def _edgespec(*argv: str, **kwargs):
 @pytest.fixture(scope="module")
 def server():
     bundled_paths()  # skips when the bundled pair is not installed
-    proc = _edgespec("serve", "--port", "0", "--api-key", KEY, *FLAGS, stderr=subprocess.PIPE)
+    # fresh caches per answer (answers equal `generate`'s bit for bit) and model names checked; the
+    # prompt cache and any-model-name serving: tests/test_serve_cache.py
+    serve = ["serve", "--port", "0", "--api-key", KEY, "--no-prompt-cache", "--strict-model"]
+    proc = _edgespec(*serve, *FLAGS, stderr=subprocess.PIPE)
     try:
         for line in proc.stderr:  # "edgespec: serving <pair> (chain) on http://127.0.0.1:PORT/v1"
             if "serving" in line:

@@ -13,6 +13,7 @@ from ..errors import EdgespecError
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 KEY_ENV = "EDGESPEC_API_KEY"
+DEFAULT_CACHE_RAM_MIB = 2048
 
 
 def register(sub) -> None:
@@ -64,6 +65,27 @@ def register(sub) -> None:
         "so a client cannot forge turns",
     )
     p.add_argument("--model-name", help="the model id clients send and /v1/models lists (default: the pair)")
+    p.add_argument(
+        "--strict-model",
+        action="store_true",
+        help="answer 404 to a request naming another model (default: any name gets this pair, as with "
+        "llama-server; the response's model says which)",
+    )
+    p.add_argument(
+        "--no-prompt-cache",
+        dest="prompt_cache",
+        action="store_false",
+        help="start every answer from empty KV caches (bit-reproducible answers; every prompt is decoded "
+        "in full). Default: a prompt decodes only what the caches do not hold already",
+    )
+    p.add_argument(
+        "--cache-ram",
+        type=int,
+        default=DEFAULT_CACHE_RAM_MIB,
+        metavar="MIB",
+        help="host memory for recent conversations' KV, so clients taking turns do not evict each other "
+        f"(default {DEFAULT_CACHE_RAM_MIB} MiB; 0: keep only the conversation in the contexts)",
+    )
     options.add_run_args(p)
     p.set_defaults(run=run)
 
@@ -98,6 +120,8 @@ def check(args) -> None:
         raise EdgespecError(f"--max-body-bytes must be at least 1024, not {args.max_body_bytes}.")
     if args.max_messages < 1:
         raise EdgespecError(f"--max-messages must be at least 1, not {args.max_messages}.")
+    if args.cache_ram < 0:
+        raise EdgespecError(f"--cache-ram must be 0 (none) or more MiB, not {args.cache_ram}.")
     checks.check_max_tokens(args.max_tokens)
     check_engine(options.engine_settings(args))  # --ctx, --max-tree-nodes …: before anything loads
     options.sampling_params(args)
@@ -121,7 +145,8 @@ def run(args) -> int:
             file=sys.stderr,
         )
     sock = _bind(args.host, args.port)  # before loading: a taken port fails in a second, not a minute
-    worker = Worker(lambda: start_session(ChatBackend.from_args(args)), max_queue=args.queue)
+    load = lambda: start_session(ChatBackend.from_args(args), prompt_cache=args.prompt_cache)  # noqa: E731
+    worker = Worker(load, max_queue=args.queue)
     try:
         session = worker.start()
     except BaseException:
@@ -130,6 +155,7 @@ def run(args) -> int:
     name = args.model_name or session.name
     defaults = Defaults(
         model=name,
+        strict_model=args.strict_model,
         sampling=options.sampling_params(args),
         max_tokens=args.max_tokens,
         max_messages=args.max_messages,

@@ -129,8 +129,22 @@ def stream_reply(
     """The assistant's reply to ``messages``, step by step; totals accumulate into ``stats``."""
     tokens, dropped = prompt_tokens(pair, messages, settings)
     if stats is not None:
-        stats.prompt_tokens = len(tokens)
         stats.dropped_messages = dropped
+    yield from stream_tokens(pair, planner, tokens, settings, cancel, stats)
+
+
+def stream_tokens(
+    pair,
+    planner: Planner | None,
+    tokens: Sequence[int],
+    settings: ChatSettings,
+    cancel: threading.Event | None = None,
+    stats: GenerationStats | None = None,
+) -> Iterator[StepEvent]:
+    """The continuation of the prompt ``tokens`` (a rendered chat, a completion prompt), step by step;
+    the caches keep whatever prefix of ``tokens`` they hold already."""
+    if stats is not None:
+        stats.prompt_tokens = len(tokens)
     request = Request(
         prompt=tokens, max_tokens=settings.max_tokens, sampling=settings.sampling, stop=settings.stop
     )

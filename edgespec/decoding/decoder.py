@@ -46,7 +46,7 @@ def generate(
     """Stream the answer to ``request``; ``planner=None`` decodes plainly (one token per step)."""
     rng = np.random.default_rng(request.sampling.seed)
     start = perf_counter()
-    pair.target.sync(request.prompt[:-1])
+    cached = pair.target.sync(request.prompt[:-1])  # the prompt's start the cache held already
     if planner is not None and planner.needs_draft:
         pair.set_up_draft(planner.draft_setup())  # the plain draft, or a parallel drafter (ParallelSpec)
         pair.draft.sync(request.prompt)
@@ -83,9 +83,10 @@ def generate(
             text=text,
             finish_reason=finish,
             prefill_seconds=prefill,
+            cached_tokens=cached,
             committed=len(step.tokens),
         )
-        prefill = 0.0
+        prefill, cached = 0.0, 0
         if finish is not None:
             return
 

@@ -69,6 +69,7 @@ class StepEvent:
     graph_success: bool = False  # GSD: the accepted path went through a merged node
     finish_reason: str | None = None  # set on the last event: "stop", "length", "cancelled", "context"
     prefill_seconds: float = 0.0  # first event only: decoding the prompt into both caches
+    cached_tokens: int = 0  # first event only: prompt tokens the target's cache held already (not decoded)
     committed: int = 0  # tokens the step committed, before cuts at end-of-turn or max tokens
 
     @property
@@ -90,6 +91,7 @@ class GenerationStats:
     merges: int = 0
     graph_successes: int = 0
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # of those, the ones the target's cache held (prompt_tokens − this were decoded)
     dropped_messages: int = 0  # earlier turns left out to fit the context window
     prefill_seconds: float = 0.0
     timings: StepTimings = field(default_factory=StepTimings)
@@ -105,6 +107,7 @@ class GenerationStats:
         self.merges += event.merges
         self.graph_successes += int(event.graph_success)
         self.prefill_seconds += event.prefill_seconds
+        self.cached_tokens += event.cached_tokens
         self.timings = self.timings + event.timings
 
     @property
@@ -137,6 +140,7 @@ class GenerationStats:
             "merges": self.merges,
             "graph_successes": self.graph_successes,
             "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
             "dropped_messages": self.dropped_messages,
             "prefill_seconds": self.prefill_seconds,
             "time_split": {

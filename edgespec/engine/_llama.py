@@ -112,6 +112,14 @@ class Model:
         vocab, control, eog = self.vocab, C.llama_vocab_is_control, C.llama_vocab_is_eog
         return frozenset(t for t in range(self.n_vocab) if control(vocab, t) or eog(vocab, t))
 
+    def fim_tokens(self) -> tuple[int, int, int] | None:
+        """Fill-in-the-middle's prefix, suffix and middle tokens (``<|fim_prefix|>`` …), or None when
+        the vocabulary has none."""
+        ids = tuple(
+            int(f(self.vocab)) for f in (C.llama_vocab_fim_pre, C.llama_vocab_fim_suf, C.llama_vocab_fim_mid)
+        )
+        return None if min(ids) < 0 else ids
+
     def meta(self, key: str) -> str | None:
         self._live()
         buf = ctypes.create_string_buffer(512)
@@ -317,6 +325,26 @@ class Context:
         with self._owner:
             self._live()
             return int(C.llama_state_seq_get_size(self.ptr, seq))
+
+    def seq_state(self, seq: int) -> ctypes.Array:
+        """``seq``'s cells (positions and KV) copied off the context, as a byte array."""
+        with self._owner:
+            self._live()
+            size = int(C.llama_state_seq_get_size(self.ptr, seq))
+            state = (ctypes.c_uint8 * size)()
+            save = native(self.model.placement, C.llama_state_seq_get_data, "saving the cache")
+            written = int(save(self.ptr, state, size, seq))
+        if written != size:
+            raise EngineError(f"llama.cpp saved {written} of {size} bytes of a sequence's KV cache")
+        return state
+
+    def set_seq_state(self, state: ctypes.Array, seq: int) -> bool:
+        """Put a ``seq_state`` back as ``seq`` (its cells removed first); False if llama.cpp refuses it
+        (then the sequence holds nothing)."""
+        with self._owner:
+            self._live()
+            load = native(self.model.placement, C.llama_state_seq_set_data, "restoring the cache")
+            return int(load(self.ptr, state, len(state), seq)) == len(state)
 
     def clear(self) -> None:
         with self._owner:

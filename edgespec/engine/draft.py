@@ -35,10 +35,11 @@ class Draft(CachedModel):
         self._used_seqs: list[int] = []
         self._root_pos = 0
 
-    def sync(self, tokens: Sequence[int]) -> None:
+    def sync(self, tokens: Sequence[int]) -> int:
         """Hold ``tokens[:-1]``; the last token is the pending root, decoded with the first level."""
-        super().sync(tokens[:-1])
+        kept = super().sync(tokens[:-1])
         self.pending = [int(tokens[-1])]
+        return kept
 
     def begin_step(self, temperature: float) -> None:
         self.temperature = temperature if temperature > 0 else 1.0

@@ -37,16 +37,14 @@ class CachedModel:
     def close(self) -> None:
         self.ctx.close()
 
-    def sync(self, tokens: Sequence[int]) -> None:
-        """Make the cache hold exactly ``tokens``, keeping the longest common prefix already there."""
-        keep = 0
-        for have, want in zip(self.committed, tokens):
-            if have != want:
-                break
-            keep += 1
+    def sync(self, tokens: Sequence[int]) -> int:
+        """Make the cache hold exactly ``tokens``, keeping the longest common prefix already there;
+        returns how many tokens were kept (the rest were decoded)."""
+        keep = common_prefix(self.committed, tokens)
         self.ctx.seq_rm(-1, keep)  # also drops speculative cells a failed step may have left
         del self.committed[keep:]
         self.decode_committed(tokens[keep:], want_last=False)
+        return keep
 
     def decode_committed(self, tokens: Sequence[int], want_last: bool) -> np.ndarray | None:
         """Decode a chain of tokens into the committed prefix (every tagged sequence id); returns the last
@@ -89,6 +87,16 @@ class CachedModel:
             for seq in self.tagged_seqs:
                 if seq != keep_seq:
                     self.ctx.seq_cp(keep_seq, seq, start, end)
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 class Target(CachedModel):

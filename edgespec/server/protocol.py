@@ -44,7 +44,8 @@ class ApiError(Exception):
 class Defaults:
     """What a request gets for the fields it leaves out (the server's command-line settings)."""
 
-    model: str  # the one model id this server answers for
+    model: str  # the one model id this server answers for (and names in every response)
+    strict_model: bool = False  # True: another model name is a 404; False: any name gets this pair
     sampling: SamplingParams = SamplingParams()
     max_tokens: int = 512
     max_messages: int = 1024  # messages one request may carry (serve --max-messages)
@@ -59,6 +60,10 @@ class ChatRequest:
     messages: tuple[Message, ...]  # user and assistant turns, oldest first
     settings: ChatSettings  # sampling, max_tokens, stop strings and the joined system messages
     stream: bool
+
+    def run(self, session, cancel, stats):
+        """The answer's steps, on the worker thread (``session``: the ``ChatSession``)."""
+        return session.stream(self.messages, self.settings, cancel, stats)
 
 
 def parse_body(raw: bytes) -> dict:
@@ -93,15 +98,7 @@ def _too_deep(value) -> bool:
 
 def chat_request(body: dict, defaults: Defaults) -> ChatRequest:
     """Validate a chat-completions body. Unknown fields are ignored (clients send many)."""
-    model = body.get("model")
-    if model is not None and model != defaults.model:
-        raise ApiError(
-            404,
-            f"model {_shown(model)} is not served here; this server answers for {defaults.model!r} "
-            "(see GET /v1/models).",
-            "model",
-            "model_not_found",
-        )
+    check_model(body, defaults)
     system, turns = _messages(body.get("messages"), defaults.max_messages)
     if _field(body, "n", int, 1) != 1:
         raise ApiError(400, "n must be 1: this server returns one choice per request.", "n")
@@ -133,6 +130,22 @@ def chat_request(body: dict, defaults: Defaults) -> ChatRequest:
         special_tokens=defaults.special_tokens,
     )
     return ChatRequest(turns, settings, stream=_field(body, "stream", bool, False))
+
+
+def check_model(body: dict, defaults: Defaults) -> None:
+    """Any model name gets the one pair (as llama-server does; the response's ``model`` says which),
+    unless the server runs with ``--strict-model``: then another name is a 404."""
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ApiError(400, f"model must be a string, not {_shown(model)}.", "model")
+    if defaults.strict_model and model is not None and model != defaults.model:
+        raise ApiError(
+            404,
+            f"model {_shown(model)} is not served here; this server answers for {defaults.model!r} "
+            "(see GET /v1/models).",
+            "model",
+            "model_not_found",
+        )
 
 
 def _checked(check, *args) -> None:
@@ -220,6 +233,7 @@ def usage(stats: GenerationStats) -> dict:
         "prompt_tokens": stats.prompt_tokens,
         "completion_tokens": stats.tokens,
         "total_tokens": stats.prompt_tokens + stats.tokens,
+        "prompt_tokens_details": {"cached_tokens": stats.cached_tokens},
     }
 
 
@@ -234,13 +248,16 @@ def truncation_headers(stats: GenerationStats) -> dict[str, str]:
 
 
 def timings(stats: GenerationStats, strategy: str) -> dict:
-    """llama-server's ``timings`` (prompt = prefill, predicted = the decoding steps), plus edgespec's."""
+    """llama-server's ``timings`` (prompt = prefill: ``prompt_n`` tokens decoded, ``cache_n`` taken from
+    the prompt cache; predicted = the decoding steps), plus edgespec's."""
     prompt_ms = stats.prefill_seconds * 1000
     predicted_ms = stats.timings.total * 1000
+    decoded = stats.prompt_tokens - stats.cached_tokens
     return {
-        "prompt_n": stats.prompt_tokens,
+        "cache_n": stats.cached_tokens,
+        "prompt_n": decoded,
         "prompt_ms": prompt_ms,
-        "prompt_per_second": stats.prompt_tokens / stats.prefill_seconds if stats.prefill_seconds else 0.0,
+        "prompt_per_second": decoded / stats.prefill_seconds if stats.prefill_seconds else 0.0,
         "predicted_n": stats.tokens,
         "predicted_ms": predicted_ms,
         "predicted_per_second": stats.tokens * 1000 / predicted_ms if predicted_ms else 0.0,

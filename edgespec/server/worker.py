@@ -3,9 +3,9 @@
 The pair comes from the chat facade (``edgespec.session``, shared with the chat app): ``load`` returns
 a ``ChatSession``, the pair and the planner every answer drafts with. llama.cpp contexts are not
 thread-safe (the engine raises ``EngineError`` on concurrent use), so no other thread ever touches
-the pair: HTTP handlers only enqueue a ``Job`` and read what it delivers. Each answer starts from
-empty KV caches (``engine.forget()``): a cancelled or finished request can never change the next
-one's tokens, at the price of decoding every prompt in full.
+the pair: HTTP handlers only enqueue a ``Job`` and read what it delivers. Each answer continues from
+the longest prefix of its prompt the caches hold (the prompt cache: ``session.PairEngine``), unless
+the server runs with ``--no-prompt-cache``: then each starts from empty caches (``ChatSession``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ DONE = object()  # delivered last, after the events (and the error, if any)
 
 @dataclass
 class Job:
-    request: ChatRequest
+    request: ChatRequest  # or a CompletionRequest: anything with run(session, cancel, stats)
     deliver: Callable[[object], None]  # called on the worker thread: each StepEvent, an Exception, DONE
     cancel: threading.Event = field(default_factory=threading.Event)
     stats: GenerationStats = field(default_factory=GenerationStats)
@@ -123,9 +123,7 @@ class Worker:
         try:
             if job.cancel.is_set():  # the client left while it waited
                 return
-            session.engine.forget()
-            request = job.request
-            for event in session.stream(request.messages, request.settings, job.cancel, job.stats):
+            for event in job.request.run(session, job.cancel, job.stats):
                 job.deliver(event)
         except Exception as exc:  # the handler turns it into an error response; the server goes on
             job.deliver(exc)

@@ -1,0 +1,150 @@
+"""The prompt cache across conversations: the KV of recent conversations kept in host memory.
+
+The contexts themselves hold one conversation (``CachedModel.sync`` keeps the longest common prefix
+of what they hold and the next prompt, so a client that sends its whole conversation again decodes
+only the new part). Clients that take turns — two editors, an agent and a chat — would evict each
+other every turn; llama-server keeps their slots' KV in host RAM (``--cache-ram``), and so does
+``PromptCache``:
+
+- before a prompt is decoded, ``prepare`` compares it with what the target holds and with every saved
+  conversation; when a saved one shares a longer prefix, the one in the contexts is saved (if the
+  prompt would throw away at least ``min_save`` of its tokens) and the better one is put back;
+- a conversation is saved per model with ``llama_state_seq_get_data`` of sequence 0 (every committed
+  cell carries it: ``runners``) and put back with ``llama_state_seq_set_data`` into an emptied
+  context: the cells come back bit for bit, so a restored prefix decodes as if it had never left;
+- saved conversations live within a byte budget, the least recently used dropped first; one whose
+  tokens are a prefix of another's is dropped too (the longer one serves every prompt it would).
+
+Both models' caches travel together: the draft's KV is saved with the target's (its committed tokens
+may lag the target's by a few; ``Draft.sync`` catches up).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .runners import CachedModel, common_prefix
+
+MIB = 1024 * 1024
+
+
+@dataclass
+class _Saved:
+    """One model's cache: its committed tokens and its sequence-0 state."""
+
+    tokens: tuple[int, ...]
+    state: ctypes.Array
+
+    @property
+    def size(self) -> int:
+        return len(self.state)
+
+
+@dataclass
+class _Conversation:
+    target: _Saved
+    draft: _Saved | None
+    draft_weights: object  # the draft's adapter when saved: KV computed with other weights is useless
+
+    @property
+    def size(self) -> int:
+        return self.target.size + (self.draft.size if self.draft is not None else 0)
+
+
+def _save(runner: CachedModel) -> _Saved:
+    runner.ctx.seq_rm(-1, len(runner.committed))  # no speculative cell a failed step may have left
+    return _Saved(tuple(runner.committed), runner.ctx.seq_state(0))
+
+
+def _restore(runner: CachedModel, saved: _Saved | None) -> None:
+    """``runner`` holds ``saved`` (None or refused: nothing)."""
+    runner.ctx.clear()
+    if saved is None or not runner.ctx.set_seq_state(saved.state, 0):
+        runner.ctx.clear()
+        runner.committed = []
+    else:
+        runner.committed = list(saved.tokens)
+    runner.tagged_seqs = (0,)  # restored cells carry sequence 0 only; other ids are tagged on demand
+
+
+class PromptCache:
+    """Saved conversations of one ``ModelPair`` within ``budget`` bytes of host memory (0: none; the
+    contexts still keep the live one). Driven by the thread that drives the pair."""
+
+    def __init__(self, pair, budget: int, min_save: int = 16):
+        self.pair = pair
+        self.budget = budget
+        self.min_save = min_save  # tokens a prompt must throw away before the live conversation is saved
+        self._saved: OrderedDict[int, _Conversation] = OrderedDict()  # oldest first
+        self._next = 0
+        self.saves = self.restores = 0
+
+    @property
+    def size(self) -> int:
+        """Bytes of host memory the saved conversations take."""
+        return sum(c.size for c in self._saved.values())
+
+    def __len__(self) -> int:
+        return len(self._saved)
+
+    def info(self) -> dict:
+        return {
+            "conversations": len(self._saved),
+            "bytes": self.size,
+            "budget_bytes": self.budget,
+            "saves": self.saves,
+            "restores": self.restores,
+        }
+
+    def prepare(self, prompt: Sequence[int]) -> None:
+        """Before ``prompt`` is decoded: put back the saved conversation that shares the longest
+        prefix with it, if that is longer than what the contexts hold (saving theirs first)."""
+        if self.budget <= 0:
+            return
+        target = self.pair.target
+        live = common_prefix(target.committed, prompt)
+        best, best_n = None, live
+        for key, conversation in self._saved.items():
+            n = common_prefix(conversation.target.tokens, prompt)
+            if n > best_n and self._usable(conversation):
+                best, best_n = key, n
+        if len(target.committed) - live >= self.min_save:
+            self._save_live()
+        if best is not None:
+            self._put_back(self._saved.pop(best))
+
+    def clear(self) -> None:
+        self._saved.clear()
+
+    def _usable(self, conversation: _Conversation) -> bool:
+        return conversation.draft is None or conversation.draft_weights == self._draft_weights()
+
+    def _draft_weights(self) -> object:
+        return getattr(self.pair, "_adapter", None)
+
+    def _save_live(self) -> None:
+        target, draft = self.pair.target, self.pair.draft
+        tokens = tuple(target.committed)
+        if any(c.target.tokens[: len(tokens)] == tokens for c in self._saved.values()):
+            return  # a saved conversation continues this one: it serves every prompt this one would
+        for key in [k for k, c in self._saved.items() if tokens[: len(c.target.tokens)] == c.target.tokens]:
+            del self._saved[key]  # a prefix of the live conversation: it serves no prompt better
+        saved_target = _save(target)
+        saved_draft = _save(draft) if draft is not None and draft.committed else None
+        conversation = _Conversation(saved_target, saved_draft, self._draft_weights())
+        if conversation.size > self.budget:
+            return
+        while self._saved and self.size + conversation.size > self.budget:
+            self._saved.popitem(last=False)  # the least recently used
+        self._saved[self._next] = conversation
+        self._next += 1
+        self.saves += 1
+
+    def _put_back(self, conversation: _Conversation) -> None:
+        _restore(self.pair.target, conversation.target)
+        if self.pair.draft is not None:
+            _restore(self.pair.draft, conversation.draft)
+        self.restores += 1
