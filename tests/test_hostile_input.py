@@ -1,5 +1,6 @@
-"""Careless and hostile input to the CLI, the server's parts, the model store and the chat database (the
-issue's cases, numbered as there; the cases against a running server: tests/test_hostile_serve.py).
+"""Careless and hostile input to the CLI and the server's parts (the issue's cases, numbered as there;
+against a running server: tests/test_hostile_serve.py; the store, registry and chat database:
+tests/test_hostile_store.py).
 
 Every CLI error is one line on stderr and a non-zero exit, never a traceback. Cases that need llama.cpp
 run on the tiny random GGUF (randomgguf.write_tiny_gguf); none loads the bundled pair but the last one.
@@ -21,7 +22,7 @@ import pytest
 import randomgguf as R
 
 from edgespec.decoding import checks
-from edgespec.errors import EdgespecError, ModelStoreError, RegistryError
+from edgespec.errors import EdgespecError
 from edgespec.server.protocol import ApiError, Defaults, chat_request
 
 pytest.importorskip("llama_cpp")  # the CLI's shared options import the engine
@@ -184,23 +185,6 @@ def test_13_an_interrupt_inside_a_load_is_raised_after_it():
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
-# 15. An unknown strategy in models.toml fell back to auto.
-def test_15_an_unknown_strategy_in_models_toml_is_refused(home, tmp_path):
-    from edgespec.models.registry import load_registry
-
-    config = tmp_path / "config"
-    config.mkdir()
-    (config / "models.toml").write_text(
-        '[pairs.mine]\ntarget = "qwen2.5-coder-1.5b-instruct-q4_k_m"\n'
-        'draft = "qwen2.5-coder-0.5b-instruct-q4_k_m"\nstrategy = "tdx"\nbudget = 4\n'
-    )
-    with pytest.raises(RegistryError) as caught:
-        load_registry()
-    message = str(caught.value)
-    assert str(config / "models.toml") in message and "[pairs.mine]" in message and "'tdx'" in message
-    assert "Did you mean 'tsd'?" in message
-
-
 # 16. A too-long prompt under auto was refused only after minutes of cost profiling.
 def test_16_a_too_long_prompt_is_refused_before_profiling(capsys, home, tiny, monkeypatch):
     from edgespec.commands import generate
@@ -214,104 +198,6 @@ def test_16_a_too_long_prompt_is_refused_before_profiling(capsys, home, tiny, mo
         capsys, "generate", long, "--target", tiny, "--draft", tiny, "--ctx", "128", "--strategy", "auto"
     )
     one_error(code, err, "--ctx")
-
-
-TINY_ENTRY = """
-[models.tiny-model]
-tokenizer = "tiny"
-quant = "F32"
-hf = { repo = "test/tiny", file = "tiny.gguf" }
-"""
-
-
-@pytest.fixture
-def tiny_entry(home, tmp_path) -> str:
-    """A registry model (the user's models.toml) with no sha256 of its own: the store's record decides."""
-    (tmp_path / "config").mkdir(exist_ok=True)
-    (tmp_path / "config" / "models.toml").write_text(TINY_ENTRY)
-    return "tiny-model"
-
-
-# 17. A corrupted model loaded silently.
-def test_17_a_changed_model_is_hashed_again_and_refused(capsys, tiny_entry, tiny):
-    from edgespec.models.store import ModelStore
-
-    name = tiny_entry
-    store = ModelStore()
-    path = store.path_for(name)
-    path.parent.mkdir(parents=True)
-    path.write_bytes(Path(tiny).read_bytes())
-    from edgespec.models.paths import sha256_file
-
-    store._write_record(name, sha256_file(path), verified=True)  # as `pull` or `verify` leave it
-    assert store.ensure(name, progress=False) == path  # unchanged: trusted, not hashed
-    argv = ("generate", "hi", "--target", name, "--strategy", "none", "--threads", "1", "--max-tokens", "2")
-    assert run_cli(capsys, *argv)[0] == 0  # it loads before the change
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0x01  # one flipped bit, as a disk error would
-    path.write_bytes(bytes(data))
-    with pytest.raises(ModelStoreError, match="changed since it was verified"):
-        store.ensure(name, progress=False)
-    code, err = run_cli(capsys, *argv)
-    one_error(code, err, "changed since it was verified", f"edgespec models rm {name}")
-    assert not store.is_verified(name)
-
-
-def test_17_a_file_touched_but_unchanged_is_accepted_after_a_rehash(tiny_entry, tiny):
-    from edgespec.models.paths import sha256_file
-    from edgespec.models.store import ModelStore
-
-    name = tiny_entry
-    store = ModelStore()
-    path = store.path_for(name)
-    path.parent.mkdir(parents=True)
-    path.write_bytes(Path(tiny).read_bytes())
-    store._write_record(name, sha256_file(path), verified=True)
-    os.utime(path, ns=(1, 1))
-    seen = []
-    assert store.ensure(name, progress=False, on_progress=lambda d, t: seen.append((d, t))) == path
-    assert seen and seen[-1][0] == path.stat().st_size  # hashed, with progress
-    assert store.is_verified(name)  # and the new time recorded
-
-
-# 18. Two chat apps on one database.
-def test_18_a_second_chat_app_on_the_same_history_is_refused(tmp_path, capsys, home, monkeypatch):
-    from tui.app import ChatApp
-    from tui.storage import ChatStore, StorageError
-
-    with ChatStore(home / "chats.sqlite3", exclusive=True) as first:
-        conversation = first.create_conversation("mine")
-        streaming = first.add_message(conversation.id, "assistant", "half an ans", complete=False)
-        with pytest.raises(StorageError, match=f"pid {os.getpid()}"):
-            ChatStore(home / "chats.sqlite3", exclusive=True)
-        monkeypatch.setattr(ChatApp, "run", lambda self: pytest.fail("a second app started"))
-        one_error(*run_cli(capsys, "chat"), "is open in another `edgespec chat`")
-        (message,) = [m for m in first.messages(conversation.id) if m.id == streaming]
-        assert message.finish_reason is None  # not marked 'interrupted' by the second app
-    with ChatStore(home / "chats.sqlite3", exclusive=True):  # released when the first one closed
-        pass
-
-
-def test_18_the_claim_goes_when_the_process_dies(tmp_path):
-    from tui.storage import ChatStore
-
-    path = tmp_path / "chats.sqlite3"
-    code = f"from tui.storage import ChatStore; s = ChatStore({str(path)!r}, exclusive=True)"
-    code += "; print('held', flush=True)"
-    holder = subprocess.Popen(
-        [sys.executable, "-c", code + "; import time; time.sleep(60)"],
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout.readline().strip() == "held"
-        with pytest.raises(EdgespecError, match=f"pid {holder.pid}"):
-            ChatStore(path, exclusive=True)
-    finally:
-        holder.kill()  # kill -9: no clean-up runs
-        holder.wait(10)
-    ChatStore(path, exclusive=True).close()
 
 
 # 7. The queue: a client that hangs up while waiting frees its place; --queue 0: nobody waits.
