@@ -27,9 +27,18 @@ from .sampling import SamplingParams
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    name: str  # the function's name
+    arguments: str  # its arguments as JSON text (as the OpenAI API carries them)
+    id: str = ""
+
+
+@dataclass(frozen=True)
 class Message:
-    role: str  # "system", "user" or "assistant"
+    role: str  # "system", "user", "assistant" or "tool" (a tool's result)
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()  # an assistant's calls of tools
+    tool_call_id: str = ""  # a tool's result: the call it answers
 
 
 @dataclass(frozen=True)
@@ -39,16 +48,25 @@ class ChatSettings:
     system_prompt: str = ""
     stop: Sequence[str] = ()
     special_tokens: bool = False  # parse special-token text (<|im_end|> …) inside messages as markup
+    tools: tuple[dict, ...] = ()  # OpenAI function definitions ({"type": "function", "function": …})
+    prefill: str = ""  # the answer's start, written for the model (a forced tool call's opening)
 
 
 def prompt_tokens(pair, messages: Sequence[Message], settings: ChatSettings) -> tuple[list[int], int]:
     """Template + tokenise, trimming the oldest turns to leave ``max_tokens`` of room.
 
-    Returns the tokens and how many earlier messages were left out.
+    Returns the tokens and how many earlier messages were left out. A conversation with tools (or
+    tool calls, or a prefilled answer) is rendered by the template itself (``decoding/template.py``).
     """
+    if settings.tools or settings.prefill or any(m.role == "tool" or m.tool_calls for m in messages):
+        from .template import trimmed_tokens
+
+        system = [Message("system", settings.system_prompt)] if settings.system_prompt else []
+        turns = [m for m in messages if m.role != "system"]
+        return trimmed_tokens(pair, system + turns, settings, prompt_room(pair, settings))
     system = [Message("system", settings.system_prompt)] if settings.system_prompt else []
     turns = [m for m in messages if m.role != "system"]
-    room = pair.target.n_ctx - min(settings.max_tokens, pair.target.n_ctx // 2) - pair.max_nodes
+    room = prompt_room(pair, settings)
     render = _Renderer(pair.target.model, settings.special_tokens)
     # The whole conversation once: each turn costs its text's tokens and the template's before it.
     pieces = render.pieces(system + turns)
@@ -74,6 +92,11 @@ def prompt_tokens(pair, messages: Sequence[Message], settings: ChatSettings) -> 
         f"(window {pair.target.n_ctx}, {settings.max_tokens} kept for the answer). Shorten the message, "
         "lower max tokens, or load the models with a larger --ctx."
     )
+
+
+def prompt_room(pair, settings: ChatSettings) -> int:
+    """Tokens the prompt may take: the window less the answer's budget (at most half) and a tree."""
+    return pair.target.n_ctx - min(settings.max_tokens, pair.target.n_ctx // 2) - pair.max_nodes
 
 
 def pieces_tokens(pieces: list[list[int]]) -> list[int]:

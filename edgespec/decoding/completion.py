@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ContextFullError, PromptError
-from .chat import ChatSettings
+from .chat import ChatSettings, prompt_room
 
 SUFFIX_SHARE = 4  # the suffix keeps at most 1/SUFFIX_SHARE of the room when the text must be cut
 
@@ -29,12 +29,6 @@ class CompletionPrompt:
     text: str = ""  # the prompt (fill in the middle: the text before the gap)
     token_ids: tuple[int, ...] | None = None  # the prompt as token ids instead of text
     suffix: str | None = None  # fill in the middle: the text after the gap; None: a plain completion
-
-
-def prompt_room(pair, settings: ChatSettings) -> int:
-    """Tokens a prompt may take: the window less the answer's budget (at most half) and a tree."""
-    n_ctx = pair.target.n_ctx
-    return n_ctx - min(settings.max_tokens, n_ctx // 2) - pair.max_nodes
 
 
 def completion_tokens(pair, prompt: CompletionPrompt, settings: ChatSettings) -> list[int]:

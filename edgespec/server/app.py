@@ -1,6 +1,8 @@
 """The HTTP side: a Starlette app that validates requests, queues them for the worker and streams back.
 
-Routes: ``POST /v1/chat/completions`` (JSON or server-sent events), ``GET /v1/models``, ``GET /health``.
+Routes: ``POST /v1/chat/completions`` (JSON or server-sent events; tools: ``tools.py``),
+``POST /v1/completions`` and llama-server's ``POST /infill`` (text and fill in the middle:
+``completions.py``), ``GET /v1/models``, ``GET /health``; the answers' shapes: ``answers.py``.
 A handler never touches the models: it submits a ``Job`` and awaits what the worker thread delivers
 (bridged onto the event loop with ``call_soon_threadsafe``). When a client goes away, the job's cancel
 event is set and the decoder stops at its next step (or the job is skipped if it still waits).
@@ -10,9 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import time
-import uuid
-from collections.abc import AsyncIterator
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -20,12 +19,12 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ..decoding.events import StepEvent
-from ..errors import ContextFullError, EdgespecError
 from . import protocol
+from .answers import Answer, ChatAnswer, CompletionAnswer
+from .completions import completion_request, infill_request
 from .guard import DEFAULT_MAX_BODY, BodyLimit, HostGuard, allowed_hosts, client_error, log
 from .protocol import ApiError, Defaults
-from .worker import DONE, Job, QueueFull, Worker
+from .worker import Job, QueueFull, Worker
 
 RETRY_AFTER_SECONDS = 5  # told to clients when the queue is full
 
@@ -42,13 +41,23 @@ def create_app(
     ``max_body``: the largest request body in bytes."""
 
     async def chat_completions(request: Request) -> Response:
+        return await answer(request, protocol.chat_request, ChatAnswer)
+
+    async def completions(request: Request) -> Response:
+        return await answer(request, completion_request, CompletionAnswer)
+
+    async def infill(request: Request) -> Response:
+        return await answer(request, infill_request, CompletionAnswer)
+
+    async def answer(request: Request, parse, kind: type[Answer]) -> Response:
+        """Parse the body, queue the job, answer as JSON or as server-sent events."""
         try:
             raw = await request.body()
         except ClientDisconnect:  # the client left before its body arrived: nothing to answer
             log.info("%s %s: the client went away before sending its body", request.method, request.url.path)
             return Response(status_code=400)
         body = protocol.parse_body(raw)
-        chat = protocol.chat_request(body, defaults)
+        parsed = parse(body, defaults)
         loop = asyncio.get_running_loop()
         items: asyncio.Queue = asyncio.Queue()
 
@@ -58,7 +67,7 @@ def create_app(
             except RuntimeError:  # the event loop is gone (server shutting down)
                 pass
 
-        job = Job(chat, deliver)
+        job = Job(parsed, deliver)
         try:
             worker.submit(job)
         except QueueFull:
@@ -67,7 +76,7 @@ def create_app(
                 f"the server is busy: {worker.waiting} requests are waiting. Retry in a few seconds.",
                 code="queue_full",
             ) from None
-        answer = _Answer(job, items, defaults.model, strategy)
+        answer = kind(job, items, defaults.model, strategy)
         watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
         try:
             first = await answer.next_event()  # errors before the first token are still plain 4xx/5xx
@@ -76,7 +85,7 @@ def create_app(
             watcher.cancel()
             raise
         headers = protocol.truncation_headers(job.stats)
-        if not chat.stream:
+        if not parsed.stream:
             try:
                 return JSONResponse(await answer.whole(first), headers=headers)
             finally:
@@ -92,7 +101,11 @@ def create_app(
         return JSONResponse({"object": "list", "data": [entry]})
 
     async def health(request: Request) -> Response:
-        return JSONResponse({"status": "ok", "model": defaults.model, "waiting": worker.waiting})
+        health = {"status": "ok", "model": defaults.model, "waiting": worker.waiting}
+        cache_info = getattr(worker.session.engine, "cache_info", None) if worker.session else None
+        if cache_info is not None:
+            health["prompt_cache"] = cache_info()  # read across threads: numbers, possibly a step old
+        return JSONResponse(health)
 
     async def api_error(request: Request, exc: ApiError) -> Response:
         if exc.status < 500:
@@ -116,6 +129,9 @@ def create_app(
         routes=[
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/completions", completions, methods=["POST"]),
+            Route("/infill", infill, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
         ],
@@ -158,65 +174,3 @@ async def _cancel_on_disconnect(request: Request, job: Job) -> None:
         if message["type"] == "http.disconnect":
             job.cancel.set()
             return
-
-
-class _Answer:
-    """What the worker delivers for one job, as OpenAI objects."""
-
-    def __init__(self, job: Job, items: asyncio.Queue, model: str, strategy: str):
-        self.job, self.items, self.model, self.strategy = job, items, model, strategy
-        self.id = f"chatcmpl-{uuid.uuid4().hex}"
-        self.created = int(time.time())
-        self.finish = "stop"
-
-    async def next_event(self) -> StepEvent | None:
-        """The next step, or None at the end; a generation error becomes an ``ApiError``."""
-        item = await self.items.get()
-        if item is DONE:
-            return None
-        if isinstance(item, ContextFullError):
-            raise ApiError(400, str(item), "messages", "context_length_exceeded")
-        if isinstance(item, EdgespecError):
-            raise ApiError(500, str(item))
-        if isinstance(item, Exception):
-            raise ApiError(500, f"generation failed: {item!r}. Please report it.")
-        if item.finish_reason is not None:
-            self.finish = protocol.FINISH_REASONS.get(item.finish_reason, "stop")
-        return item
-
-    def extra(self) -> dict:
-        stats = self.job.stats
-        return {
-            "usage": protocol.usage(stats),
-            "timings": protocol.timings(stats, self.strategy),
-            **protocol.truncation(stats),
-        }
-
-    async def whole(self, event: StepEvent | None) -> dict:
-        text = []
-        while event is not None:
-            text.append(event.text)
-            event = await self.next_event()
-        return protocol.completion(
-            self.id, self.created, self.model, "".join(text), self.finish, self.extra()
-        )
-
-    async def events(self, event: StepEvent | None) -> AsyncIterator[bytes]:
-        try:
-            yield protocol.sse(self._chunk({"role": "assistant", "content": ""}))
-            while event is not None:
-                if event.text:
-                    yield protocol.sse(self._chunk({"content": event.text}))
-                try:
-                    event = await self.next_event()
-                except ApiError as exc:  # headers are sent: the error goes in the stream
-                    yield protocol.sse(exc.body())
-                    return
-            yield protocol.sse(self._chunk({}, self.finish))
-            yield protocol.sse({**self._chunk({}), "choices": [], **self.extra()})
-            yield protocol.sse("[DONE]")
-        finally:
-            self.job.cancel.set()  # the client went away (or we are done: then a no-op)
-
-    def _chunk(self, delta: dict, finish: str | None = None) -> dict:
-        return protocol.chunk(self.id, self.created, self.model, delta, finish)

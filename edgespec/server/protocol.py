@@ -11,11 +11,15 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..decoding import checks
 from ..decoding.chat import ChatSettings, Message
 from ..decoding.events import GenerationStats
 from ..decoding.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from .tools import ToolSetup
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length"}  # decoder → OpenAI
@@ -60,6 +64,7 @@ class ChatRequest:
     messages: tuple[Message, ...]  # user and assistant turns, oldest first
     settings: ChatSettings  # sampling, max_tokens, stop strings and the joined system messages
     stream: bool
+    tools: ToolSetup | None = None  # the request's tools (server/tools.py), None without
 
     def run(self, session, cancel, stats):
         """The answer's steps, on the worker thread (``session``: the ``ChatSession``)."""
@@ -99,7 +104,23 @@ def _too_deep(value) -> bool:
 def chat_request(body: dict, defaults: Defaults) -> ChatRequest:
     """Validate a chat-completions body. Unknown fields are ignored (clients send many)."""
     check_model(body, defaults)
+    from .tools import tool_setup
+
     system, turns = _messages(body.get("messages"), defaults.max_messages)
+    tools = tool_setup(body)
+    settings = ChatSettings(
+        **generation(body, defaults),
+        system_prompt=system,
+        special_tokens=defaults.special_tokens,
+        tools=tools.definitions if tools else (),
+        prefill=tools.prefill if tools else "",
+    )
+    return ChatRequest(turns, settings, _field(body, "stream", bool, False), tools)
+
+
+def generation(body: dict, defaults: Defaults) -> dict:
+    """The fields chat and text completions share: ``n``, ``max_tokens``, sampling, ``stop`` (as
+    ``ChatSettings`` arguments)."""
     if _field(body, "n", int, 1) != 1:
         raise ApiError(400, "n must be 1: this server returns one choice per request.", "n")
     max_tokens = _field(body, "max_completion_tokens", int, None)
@@ -122,14 +143,7 @@ def chat_request(body: dict, defaults: Defaults) -> ChatRequest:
     for i, text in enumerate(stop):
         _checked(checks.check_text, text, f"stop[{i}]")
     sampling = SamplingParams(temperature=temperature, top_k=d.top_k, top_p=top_p, seed=seed)
-    settings = ChatSettings(
-        sampling=sampling,
-        max_tokens=max_tokens,
-        system_prompt=system,
-        stop=tuple(stop),
-        special_tokens=defaults.special_tokens,
-    )
-    return ChatRequest(turns, settings, stream=_field(body, "stream", bool, False))
+    return {"sampling": sampling, "max_tokens": max_tokens, "stop": tuple(stop)}
 
 
 def check_model(body: dict, defaults: Defaults) -> None:
@@ -197,17 +211,24 @@ def _messages(value, limit: int) -> tuple[str, tuple[Message, ...]]:
         if not isinstance(message, dict):
             raise ApiError(400, f"{where} must be an object with role and content.", where)
         role = message.get("role")
+        if role == "tool" or (role == "assistant" and message.get("tool_calls") is not None):
+            from .tools import tool_message
+
+            turns.append(tool_message(message, where))
+            continue
         role = ROLES.get(role) if isinstance(role, str) else None
         if role is None:
             raise ApiError(
                 400,
-                f"{where}.role must be one of {', '.join(ROLES)}, not {_shown(message.get('role'))}.",
+                f"{where}.role must be one of {', '.join(ROLES)}, tool, not {_shown(message.get('role'))}.",
                 f"{where}.role",
             )
         text = _content(message.get("content"), f"{where}.content")
         (system if role == "system" else turns).append(text if role == "system" else Message(role, text))
-    if not turns or turns[-1].role != "user":
-        raise ApiError(400, "the last non-system message must be the user's.", "messages")
+    if not turns or turns[-1].role not in ("user", "tool"):
+        raise ApiError(
+            400, "the last non-system message must be the user's (or a tool's result).", "messages"
+        )
     return "\n\n".join(system), tuple(turns)
 
 
@@ -266,30 +287,6 @@ def timings(stats: GenerationStats, strategy: str) -> dict:
         "strategy": strategy,
         "mean_accepted_length": stats.mean_accepted_length,
         "target_calls": stats.target_calls,
-    }
-
-
-def completion(ident: str, created: int, model: str, text: str, finish: str, extra: dict) -> dict:
-    """The non-streaming answer; ``extra`` carries usage and timings."""
-    choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
-    return {
-        "id": ident,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": [choice],
-        **extra,
-    }
-
-
-def chunk(ident: str, created: int, model: str, delta: dict, finish: str | None = None) -> dict:
-    choice = {"index": 0, "delta": delta, "finish_reason": finish}
-    return {
-        "id": ident,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": [choice],
     }
 
 
