@@ -31,11 +31,10 @@ import numpy as np
 
 from . import params
 from .costmodel import CostModel, best_size
+from .growth import Growth, grow
 from .ngram import Copier, CopyTrie
-from .opt_tree import top_nodes
 from .params import param
 from .tree import (
-    ChildRule,
     Drafter,
     DraftTree,
     PlanContext,
@@ -98,48 +97,6 @@ def copy_size(trie: CopyTrie, costs: CostModel, cap: int, spent: float = 0.0) ->
 
 
 @dataclass
-class _Graph:
-    """Candidate tokens keyed by token path (a prefix tree); node 0 is the root, parents first."""
-
-    tokens: list[int]
-    parents: list[int] = field(default_factory=lambda: [-1])
-    q_draft: list[float] = field(default_factory=lambda: [0.0])  # the draft's q, 0: not its candidate
-    q_copy: list[float] = field(default_factory=lambda: [0.0])  # the copier's q, 0: not copied
-    trie: list[int] = field(default_factory=lambda: [0])  # the copy-trie node, −1: none
-    kids: list[dict[int, int]] = field(default_factory=lambda: [{}])  # token → child
-    dists: dict[int, SparseDist] = field(default_factory=dict)  # the draft's distribution, expanded nodes
-
-    def child(self, parent: int, token: int) -> int:
-        """The node for ``token`` after ``parent``, made if new."""
-        node = self.kids[parent].get(token)
-        if node is None:
-            node = len(self.tokens)
-            self.tokens.append(token)
-            self.parents.append(parent)
-            self.q_draft.append(0.0)
-            self.q_copy.append(0.0)
-            self.trie.append(-1)
-            self.kids.append({})
-            self.kids[parent][token] = node
-        return node
-
-    def q(self) -> np.ndarray:
-        """Combined q: the token is right if either source is (independent evidence)."""
-        return 1.0 - (1.0 - np.asarray(self.q_draft)) * (1.0 - np.asarray(self.q_copy))
-
-    def phat(self) -> np.ndarray:
-        q = self.q()
-        phat = np.ones(len(self.tokens))
-        for node in range(1, len(self.tokens)):  # parents come first
-            phat[node] = phat[self.parents[node]] * q[node]
-        return phat
-
-    def covered(self, node: int) -> float:
-        """The copies' share of the next token after ``node``: Σ q_copy of its children."""
-        return min(sum(self.q_copy[c] for c in self.kids[node].values()), 1.0)
-
-
-@dataclass
 class HybridPlanner(Planner):
     budget: int = param(24, "most draft + copied tokens verified per step, root excluded", minimum=1)
     k: int = param(4, params.K, minimum=1)
@@ -171,71 +128,90 @@ class HybridPlanner(Planner):
 
     def plan(self, root_token: int, drafter: Drafter, ctx: PlanContext) -> DraftTree:
         trie = self.copier.propose(root_token, ctx)
-        graph = _Graph([int(root_token)])
-        copy_at = [0] * trie.size  # trie node → graph node
-        for node in range(1, trie.size):  # the copies: free candidates from the start
-            copy = copy_at[node] = graph.child(copy_at[trie.parents[node]], trie.tokens[node])
-            graph.q_copy[copy], graph.trie[copy] = float(trie.q[node]), node
-        cap = min(self.budget, ctx.max_nodes - 1)
-        decodes, evaluated, spent = self._draft(graph, drafter, cap, ctx.max_nodes - 1)
-        phat = graph.phat()
-        size = cap
-        if self.costs is not None:
-            pool = np.sort(phat[1:])[::-1]
-            size = best_size(0.0, 0, pool, spent, 1.0, self.costs, cap).m
-        keep = top_nodes(phat, size)
-        tree = self._tree(graph, trie, keep)
+        growth = Growth.from_root(root_token)
+        policy = _HybridGrowth(self, min(self.budget, ctx.max_nodes - 1), ctx.max_nodes - 1)
+        policy.seed(growth, trie)
+        keep = grow(drafter, growth, policy)
+        tree = TreeBuilder(root_token)
+        at = growth.copy_into(keep, tree)
+        for node, copy in policy.trie_node.items():
+            if node in at:
+                self.copier.note(at[node], trie, copy)  # observe learns r(a) from the copies' outcomes
         stats = PlanStats(
-            draft_decodes=decodes, drafted_nodes=evaluated, expected_accept=float(phat[keep].sum())
+            draft_decodes=len(growth.levels),
+            drafted_nodes=sum(growth.levels),
+            expected_accept=growth.expected(keep),
         )
         return self.copier.remember(tree.freeze(stats))
 
-    def _draft(self, graph: _Graph, drafter: Drafter, cap: int, capacity: int) -> tuple[int, int, float]:
-        """Draft levels while they pay (see the module docstring); returns decodes, nodes, seconds."""
-        work = TreeBuilder(graph.tokens[0])  # what the draft has seen: expanded nodes and their paths
-        at = {0: 0}  # graph node → work-tree node
-        decodes = evaluated = 0
-        spent = 0.0
-        for _ in range(self.max_depth):
-            phat = graph.phat()
-            top = set(top_nodes(phat, cap).tolist()) | {0}
-            ready = [u for u in top if u not in graph.dists and (u == 0 or graph.parents[u] in graph.dists)]
-            gain = {u: phat[u] * self.top_mass * (1.0 - graph.covered(u)) for u in ready}
-            frontier = sorted(ready, key=lambda u: (-gain[u], u))[: max(capacity - evaluated, 0)]
-            if not frontier or sum(gain[u] for u in frontier) < self.threshold:
-                break
-            frontier.sort()  # parents before children: the work tree grows in graph order
-            for u in frontier:
-                if u not in at:
-                    at[u] = work.add(at[graph.parents[u]], graph.tokens[u], 1.0)
-            dists = drafter.expand(work, [at[u] for u in frontier])
-            decodes, evaluated = decodes + 1, evaluated + len(frontier)
-            if self.costs is not None:
-                spent += float(self.costs.d(len(frontier)))
-            for u, dist in zip(frontier, dists):
-                graph.dists[u] = dist
-                for rank in range(min(self.k, dist.ids.shape[0])):
-                    if dist.probs[rank] > 0.0:
-                        graph.q_draft[graph.child(u, int(dist.ids[rank]))] = float(dist.probs[rank])
-                mass = float(dist.probs[: self.k].sum())
-                self.top_mass = TOP_MASS_MEMORY * self.top_mass + (1 - TOP_MASS_MEMORY) * mass
-        return decodes, evaluated, spent
-
-    def _tree(self, graph: _Graph, trie: CopyTrie, keep: np.ndarray) -> TreeBuilder:
-        """The verification tree of the kept graph nodes (index order: parents first)."""
-        q = graph.q()
-        tree = TreeBuilder(graph.tokens[0])
-        at = {0: 0}
-        for u in keep:
-            u = int(u)
-            parent = at[graph.parents[u]]
-            at[u] = tree.add(parent, graph.tokens[u], float(q[u]), copied=graph.q_copy[u] > 0.0)
-            tree.set_children_rule(parent, ChildRule.TOP)
-            if graph.parents[u] in graph.dists:
-                tree.dists[parent] = graph.dists[graph.parents[u]]
-            if graph.trie[u] >= 0:
-                self.copier.note(at[u], trie, graph.trie[u])
-        return tree
-
     def observe(self, event) -> None:
         self.copier.observe(event.tree, event.accepted_path)
+
+
+@dataclass
+class _HybridGrowth:
+    """The hybrid's growth policy: copies as free candidates from the start, merged with the draft's
+    (one node per token path); levels while their gain reaches δ; the best by p̂ kept."""
+
+    planner: HybridPlanner
+    cap: int  # most draft + copied tokens kept
+    capacity: int  # nodes besides the root the draft may evaluate
+    q_copy: dict[int, float] = field(default_factory=dict)  # the copier's q of copied nodes
+    trie_node: dict[int, int] = field(default_factory=dict)  # copied node → its copy-trie node
+    spent: float = 0.0  # seconds of drafting (the cost curves')
+
+    def seed(self, growth: Growth, trie: CopyTrie) -> None:
+        """The copies, before any drafting: free candidates."""
+        at = [0] * trie.size  # trie node → work node
+        for node in range(1, trie.size):  # parents first
+            q = float(trie.q[node])
+            at[node] = growth.add(at[trie.parents[node]], trie.tokens[node], q, copied=True)
+            self.q_copy[at[node]], self.trie_node[at[node]] = q, node
+
+    def covered(self, growth: Growth, node: int) -> float:
+        """The copies' share of the next token after ``node``: Σ q_copy of its children."""
+        kids = growth.kids.get(node, {}).values()
+        return min(sum(self.q_copy.get(c, 0.0) for c in kids), 1.0)
+
+    def next_level(self, growth: Growth) -> list[int]:
+        """The unexpanded nodes among the top ``cap`` by p̂ whose parents the draft has decoded, those
+        worth it: node u gains about p̂(u) · A · (1 − the copies' share after u), A the draft's mean
+        top-k mass; the level is drafted when the frontier's gain reaches δ."""
+        planner, phat = self.planner, growth.tree.path_prob
+        if len(growth.levels) >= planner.max_depth:
+            return []
+        top = set(growth.ranked()[: self.cap]) | {0}
+        done = growth.expanded
+        ready = [u for u in top if u not in done and (u == 0 or growth.tree.parents[u] in done)]
+        gain = {u: phat[u] * planner.top_mass * (1.0 - self.covered(growth, u)) for u in ready}
+        frontier = sorted(ready, key=lambda u: (-gain[u], u))[: max(self.capacity - growth.evaluated, 0)]
+        if not frontier or sum(gain[u] for u in frontier) < planner.threshold:
+            return []
+        if planner.costs is not None:
+            self.spent += float(planner.costs.d(len(frontier)))
+        return sorted(frontier)  # parents before children in the batch
+
+    def admit(self, growth: Growth, nodes: list[int], dists: list[SparseDist]) -> None:
+        """Each node's top-k; a token the copies proposed too is one node, its estimate combining both
+        as independent evidence (right if either source is): q = 1 − (1 − q_draft)(1 − q_copy)."""
+        planner = self.planner
+        for u, dist in zip(nodes, dists):
+            for token, q in zip(dist.ids[: planner.k].tolist(), dist.probs[: planner.k].tolist()):
+                if q <= 0.0:
+                    continue
+                node = growth.child(u, token)
+                if node is None:
+                    growth.add(u, token, q)
+                else:
+                    growth.set_q(node, 1.0 - (1.0 - q) * (1.0 - self.q_copy.get(node, 0.0)))
+            mass = float(dist.probs[: planner.k].sum())
+            planner.top_mass = TOP_MASS_MEMORY * planner.top_mass + (1 - TOP_MASS_MEMORY) * mass
+
+    def keep(self, growth: Growth) -> list[int]:
+        """The top nodes by p̂: ``cap`` of them, or with the cost curves the number that maximises the
+        expected rate (1 + Σ p̂) / (drafting + c_t(m + 1)) (``best_size``)."""
+        size, ranked = self.cap, growth.ranked()
+        if self.planner.costs is not None:
+            pool = np.array([growth.tree.path_prob[u] for u in ranked])
+            size = best_size(0.0, 0, pool, self.spent, 1.0, self.planner.costs, self.cap).m
+        return sorted(ranked[:size])

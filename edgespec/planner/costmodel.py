@@ -143,12 +143,12 @@ def deepen(
     """Whether to draft one more level: (w, forecast) for the best width w, or (0, stop-now choice).
 
     ``pool`` holds the candidates' p̂ sorted descending; ``expandable`` marks those that may be
-    expanded (depth limit). Expanding the w best expandable ones makes them tree nodes and adds,
-    per node x, predicted children p̂(x) · profile.
+    expanded (depth limit). Expanding the w best expandable ones among the first ``cap − forced_n``
+    (``expandable_within``) makes them tree nodes and adds, per node x, predicted children p̂(x) · profile.
     """
     room = max(cap - forced_n, 0)  # candidates past the room left can never enter the tree
     stop = best_size(forced_e, forced_n, pool[:room], spent, ratio, costs, cap)
-    can = np.flatnonzero(expandable[: pool.shape[0]])
+    can = expandable_within(expandable[: pool.shape[0]], room)
     best_w, best, last = 0, stop, 0.0
     for w in WIDTHS:
         if w > can.shape[0] or w >= room:
@@ -177,6 +177,12 @@ def deepen(
             break  # past the best width (the rate is unimodal in w in practice)
         last = go.rate
     return best_w, best
+
+
+def expandable_within(expandable: np.ndarray, room: int) -> np.ndarray:
+    """Positions of the expandable candidates among the first ``room`` (best p̂ first): one further
+    down could never enter the tree, and expanding it would force it in ahead of better ones."""
+    return np.flatnonzero(expandable[: max(room, 0)])
 
 
 def chain_on(
@@ -218,7 +224,7 @@ def simulate(
         w, choice = deepen(forced_e, forced_n, pool, depth < max_depth, spent, ratio, costs, cap, profile)
         if w == 0:
             return choice
-        can = np.flatnonzero(depth < max_depth)[:w]
+        can = expandable_within(depth < max_depth, cap - forced_n)[:w]
         forced_e += float(pool[can].sum())
         forced_n += w
         spent += float(costs.d(w))

@@ -33,8 +33,9 @@ decode, and three in four of the rows drafted were alternatives that never made 
 Children are the draft's most likely tokens (deterministic): the one-hot rule verifies them, greedy
 or sampling. Ties in p̂ go to the older node, which keeps the kept set a subtree even when q = 1.
 
-Steps 1–4 are ``opt_tree_by_levels``: they need nothing but the draft's rows (``expand``) and the
-numbers ``OptTreePlanner.levels`` fixes per tree size.
+Steps 1–4 are ``AlgorithmOne``, a policy of the best-first growth ``auto`` and ``hybrid`` share
+(``growth.grow``: one batched draft decode per level through ``expand``); besides the draft's rows it
+needs only the numbers ``OptTreePlanner.levels`` fixes per tree size.
 
 Note for the engine: the tree keeps only the kept nodes, renumbered (parents first), so its indices
 differ from those the draft saw during ``expand`` (nodes the draft evaluated may be dropped). Match
@@ -50,8 +51,9 @@ import numpy as np
 
 from . import params
 from .costmodel import CostModel, best_size
+from .growth import Growth, grow
 from .params import param
-from .tree import ChildRule, Drafter, DraftTree, PlanContext, Planner, PlanStats, TreeBuilder
+from .tree import Drafter, DraftTree, PlanContext, Planner, PlanStats, SparseDist, TreeBuilder
 from .tsd import best_by_path_prob
 
 
@@ -60,21 +62,6 @@ def top_nodes(path_prob: np.ndarray, n: int) -> np.ndarray:
     idx = np.arange(1, path_prob.shape[0])
     best = np.lexsort((idx, -path_prob[1:]))[:n]  # primary key: -p̂; then the index
     return np.sort(idx[best])
-
-
-def copy_subtree(tree: TreeBuilder, keep: list[int], out: TreeBuilder) -> None:
-    """Into ``out`` (the root alone): ``tree`` restricted to the root and ``keep`` (ascending, closed under
-    parents), renumbered in index order: the rules of the nodes that keep a child, the distributions of
-    every kept node the draft evaluated (in evaluation order: parents first, as they were drafted)."""
-    new_index = {0: 0}
-    for node in keep:
-        new_index[node] = out.add(new_index[tree.parents[node]], tree.tokens[node], tree.draft_prob[node])
-    has_child = set(out.parents[1:])
-    for old, new in new_index.items():
-        if new in has_child:
-            out.set_children_rule(new, ChildRule(tree.child_rule[old]))
-        if old in tree.dists:
-            out.dists[new] = tree.dists[old]
 
 
 @dataclass(frozen=True)
@@ -90,76 +77,79 @@ class OptTreeLevels:
 
 
 def opt_tree_by_levels(drafter: Drafter, tree: TreeBuilder, levels: OptTreeLevels) -> list[int]:
-    """Algorithm 1 through ``expand``, one draft decode per level, from a one-node tree: the levels grow a
-    tree of their own, then step 4 (``final_choice``) leaves its kept nodes in ``tree``. Returns the levels'
+    """Algorithm 1 through ``expand``, one draft decode per level (``growth.grow``), from a one-node
+    tree: the levels grow a work tree, then step 4 leaves its kept nodes in ``tree``. Returns the levels'
     sizes (the root's level first)."""
-    grown = TreeBuilder(tree.tokens[0])
-    sizes = _grow_levels(drafter, grown, levels)
-    copy_subtree(grown, final_choice(grown, levels, sizes), tree)
-    return sizes
+    growth = Growth.from_root(tree.tokens[0])
+    keep = grow(drafter, growth, AlgorithmOne(levels))
+    growth.copy_into(keep, tree)
+    return growth.levels
 
 
-def final_choice(tree: TreeBuilder, levels: OptTreeLevels, sizes: list[int]) -> list[int]:
-    """Step 4: the n nodes with the largest p̂ (a stable sort: ties go to the older node, as ``top_nodes``
-    ranks them) — with the cost curves, only the m ≤ n best whose tree gives the step the best expected
-    rate (1 + E_m) / (the levels' drafting + c_t(m + 1)), E_m = Σ p̂ of the first m; in index order."""
-    ranked = sorted(range(1, tree.size), key=tree.path_prob.__getitem__, reverse=True)[: levels.n]
-    m = len(ranked)
-    if levels.costs is not None:
-        spent = sum(levels.costs.d(size) for size in sizes)  # seconds of the draft levels already run
-        pool = np.array([tree.path_prob[node] for node in ranked])
-        m = best_size(0.0, 0, pool, spent, 1.0, levels.costs, levels.n).m
-    return sorted(ranked[:m])
+@dataclass
+class AlgorithmOne:
+    """OPT-Tree's Algorithm 1 as a growth policy: steps 1–3 level by level, step 4 at the end."""
 
+    levels: OptTreeLevels
+    e_old: float = 0.0  # E_sub(T, n) after the level before
+    top_n: list[float] = field(default_factory=list)  # the n largest p̂ of the tree (a min-heap)
 
-def _grow_levels(drafter: Drafter, tree: TreeBuilder, levels: OptTreeLevels) -> list[int]:
-    """Steps 1–3: adds every node a level chooses and returns the levels' sizes."""
-    layer, e_old, evaluated, sizes = [0], 0.0, 0, []
-    for _ in range(levels.max_depth):
-        dists = drafter.expand(tree, layer)
-        sizes.append(len(layer))
-        evaluated += len(layer) - (1 if layer == [0] else 0)
-        children, top_n = _next_layer(tree, layer, dists, levels.n)
-        e_new = sum(top_n)  # E_sub(T, n): the n largest p̂ so far
-        gain, e_old = e_new - e_old, e_new
-        # The next level: the new children, all inside the current overall top n (each was added
+    def admit(self, growth: Growth, layer: list[int], dists: list[SparseDist]) -> None:
+        """Step 1: of the layer's children, add those among the n largest p̂ of the tree so far.
+
+        A child at or below the n-th largest p̂ of the nodes before it is not added: n older nodes beat
+        it (ties go to the older node) and the n-th largest only grows, so it could never be kept; in
+        p̂ order, neither could the children after it. The kept set, and so the returned tree, is the
+        same; only fewer nodes are built."""
+        tree, n = growth.tree, self.levels.n
+        # (−p̂, parent's place in the layer, rank under the parent) of every child with q > 0: the
+        # tuples order by p̂ descending, then parent, then rank (all distinct, so no ties left)
+        candidates = [
+            (-(tree.path_prob[u] * q), i, rank)
+            for i, (u, d) in enumerate(zip(layer, dists))
+            for rank, q in enumerate(d.probs.tolist())
+            if q > 0.0
+        ]
+        top_n = sorted(tree.path_prob[1:])[-n:]  # the n largest p̂ so far: a min-heap (ascending)
+        for neg_phat, i, rank in heapq.nsmallest(n, candidates):  # p̂ order; within a parent, rank order
+            if len(top_n) == n and -neg_phat <= top_n[0]:
+                break
+            if len(top_n) < n:
+                heapq.heappush(top_n, -neg_phat)
+            else:
+                heapq.heapreplace(top_n, -neg_phat)
+            growth.add(layer[i], int(dists[i].ids[rank]), float(dists[i].probs[rank]))
+        self.top_n = top_n
+
+    def next_level(self, growth: Growth) -> list[int]:
+        """Steps 2–3: the next layer, unless the last level added less than δ to E(A)."""
+        levels = self.levels
+        if not growth.levels:
+            return [0]  # the first level: the root
+        if len(growth.levels) >= levels.max_depth:
+            return []
+        e_new = sum(self.top_n)  # E_sub(T, n): the n largest p̂ so far
+        gain, self.e_old = e_new - self.e_old, e_new
+        # The next layer: the new children, all inside the current overall top n (each was added
         # only when its p̂ beat the n-th largest), as many as the draft's sequences allow.
-        layer = best_by_path_prob(tree, children, levels.capacity - evaluated)
-        layer = worth_drafting(tree, layer, levels.level_cost)
+        layer = best_by_path_prob(growth.tree, growth.added, levels.capacity - growth.evaluated)
+        layer = worth_drafting(growth.tree, layer, levels.level_cost)
         if not layer or gain < levels.threshold[len(layer)]:  # the last gain vs the next level's cost
-            break
-    return sizes
+            return []
+        return layer
 
-
-def _next_layer(tree: TreeBuilder, layer: list[int], dists, n: int) -> tuple[list[int], list[float]]:
-    """Add the n children of ``layer`` with the largest p̂ = p̂(parent) · q; returns them, and the
-    n largest p̂ of the tree after (a min-heap).
-
-    A child at or below the n-th largest p̂ of the nodes before it is not added: n older nodes beat
-    it (ties go to the older node) and the n-th largest only grows, so it could never be kept; in
-    p̂ order, neither could the children after it. The kept set, and so the returned tree, is the
-    same; only fewer nodes are built."""
-    # (−p̂, parent's place in the layer, rank under the parent) of every child with q > 0: the
-    # tuples order by p̂ descending, then parent, then rank (all distinct, so no ties left)
-    candidates = [
-        (-(tree.path_prob[u] * q), i, rank)
-        for i, (u, d) in enumerate(zip(layer, dists))
-        for rank, q in enumerate(d.probs.tolist())
-        if q > 0.0
-    ]
-    top_n = sorted(tree.path_prob[1:])[-n:]  # the n largest p̂ so far: a min-heap (ascending)
-    added = []
-    for neg_phat, i, rank in heapq.nsmallest(n, candidates):  # p̂ order; within a parent, rank order
-        if len(top_n) == n and -neg_phat <= top_n[0]:
-            break
-        if len(top_n) < n:
-            heapq.heappush(top_n, -neg_phat)
-        else:
-            heapq.heapreplace(top_n, -neg_phat)
-        q = float(dists[i].probs[rank])
-        added.append(tree.add(layer[i], int(dists[i].ids[rank]), q))
-        tree.set_children_rule(layer[i], ChildRule.TOP)
-    return added, top_n
+    def keep(self, growth: Growth) -> list[int]:
+        """Step 4: the n nodes with the largest p̂ — with the cost curves, only the m ≤ n best whose
+        tree gives the step the best expected rate (1 + E_m) / (the levels' drafting + c_t(m + 1)),
+        E_m = Σ p̂ of the first m (``best_size``)."""
+        levels = self.levels
+        ranked = growth.ranked()[: levels.n]
+        m = len(ranked)
+        if levels.costs is not None:
+            spent = sum(levels.costs.d(size) for size in growth.levels)  # seconds of the levels run
+            pool = np.array([growth.tree.path_prob[node] for node in ranked])
+            m = best_size(0.0, 0, pool, spent, 1.0, levels.costs, levels.n).m
+        return sorted(ranked[:m])
 
 
 def worth_drafting(tree: TreeBuilder, layer: list[int], level_cost: tuple[float, ...] | None) -> list[int]:
