@@ -73,10 +73,9 @@ def check_tree(tree: DraftTree, drafter: SyntheticDrafter) -> None:
             assert len({int(tree.tokens[c]) for c in children}) == len(children)
         else:
             assert tree.child_rule[node] == ChildRule.NONE
-    # The indices are those the draft saw: every expanded node is the same node of the final tree.
-    for call in drafter.calls:
-        for node in call:
-            assert node < tree.size and tuple(tree.path_tokens(node)) in drafter.expanded_paths
+    # Every node the draft evaluated is in the final tree (auto keeps them all), found by token path:
+    # the tree is renumbered from the growth's work tree, as OPT-Tree's is.
+    assert set(drafter.expanded_paths) <= {tuple(tree.path_tokens(i)) for i in range(tree.size)}
     assert tree.stats.expected_accept == pytest.approx(float(tree.path_prob[1:].sum()))
     assert tree.stats.draft_decodes == drafter.decodes
 
@@ -142,7 +141,7 @@ def test_poor_acceptance_turns_auto_off_then_probes_within_budget():
     plain_step = float(costs.t(1))
     for _ in range(3000):
         tree = planner.plan(7, drafter, ctx())
-        modes.append(planner._mode)
+        modes.append(planner.mode)
         drafting = 0.004 * tree.stats.draft_decodes  # as profiled: the cost factors stay near 1
         verify = float(costs.t(tree.size))
         seconds = drafting + verify
@@ -167,7 +166,7 @@ def test_a_profile_that_flatters_batches_is_corrected_by_measurements():
     modes, lost, total = [], 0.0, 0.0
     for _ in range(400):
         tree = planner.plan(7, confident(q=0.8), ctx())
-        modes.append(planner._mode)
+        modes.append(planner.mode)
         verify = c1 * tree.size  # compute-bound reality
         drafting = 0.001 * tree.stats.draft_decodes
         accepted = min(tree.size - 1, 2)
@@ -175,7 +174,7 @@ def test_a_profile_that_flatters_batches_is_corrected_by_measurements():
         if len(modes) > 1:
             total += verify + drafting
             lost += verify + drafting - (accepted + 1) * c1
-    assert modes[0] == SPECULATE and planner.batch_factor > 2.5
+    assert modes[0] == SPECULATE and planner.calibration.batch_factor > 2.5
     assert modes[1:].count(SPECULATE) == 0 and 0 < modes.count(PROBE) <= 3
     assert lost / total <= 2 * planner.probe_budget
 
@@ -190,7 +189,7 @@ def test_no_cost_profile_means_plain_decoding():
 
 
 def test_describe_says_what_auto_is_doing_now():
-    """The chat's status bar shows describe(): no profile, can never pay, plain now, speculating N."""
+    """The chat's status bar shows describe(): no profile, can never pay, plain, speculating N."""
     assert AutoPlanner().describe() == "no cost profile yet: plain decoding"
     cpu = AutoPlanner(budget=8, costs=CPU)
     cpu.plan(3, confident(), ctx())
@@ -198,7 +197,7 @@ def test_describe_says_what_auto_is_doing_now():
     gpu = AutoPlanner(budget=8, costs=memory_bound(jump=1.05, draft=0.0005))
     assert gpu.describe().startswith("budget≤8")  # nothing decided yet
     tree = gpu.plan(3, confident(), ctx())
-    assert gpu._mode == SPECULATE and gpu.describe().startswith(f"speculating {tree.size - 1} tokens")
+    assert gpu.mode == SPECULATE and gpu.describe().startswith(f"speculating {tree.size - 1} tokens")
     assert "speculated 100%, copied 0% of steps" in gpu.describe()
 
 
@@ -227,8 +226,8 @@ def test_pending_catch_up_counts_against_speculating():
         lambda n: 0.010 if n <= 8 else 0.03, lambda n: 0.0015, lambda n: 0.004 * n
     )
     planner = AutoPlanner(costs=costs)
-    assert planner.decide(pending=1, cap=32) == SPECULATE
-    assert planner.decide(pending=200, cap=32) == PLAIN
+    assert planner.policy.decide(pending=1, cap=32) == SPECULATE
+    assert planner.policy.decide(pending=200, cap=32) == PLAIN
 
 
 # -- on the fake engine ---------------------------------------------------------------------------------
@@ -251,7 +250,7 @@ def test_auto_on_the_engine_equals_plain_decoding_and_learns():
     assert tokens == plain
     assert sum(planner.steps.values()) == len(events)
     assert planner.steps[SPECULATE] > 0 and any(e.accepted for e in events)
-    assert planner.predicted != planner.accepted  # observe() saw the steps
+    assert planner.calibration.predicted != planner.calibration.accepted  # observe() saw the steps
 
 
 def test_auto_on_a_cpu_profile_never_touches_the_draft():
@@ -290,7 +289,7 @@ def copy_ctx(history, fresh=True) -> PlanContext:
 def test_auto_copies_where_the_draft_cannot_pay():
     planner = AutoPlanner(costs=AVX512)
     drafter = confident(q=0.5)
-    assert planner.decide(1, 48) != SPECULATE  # the draft's forecast loses to plain decoding
+    assert planner.policy.decide(1, 48) != SPECULATE  # the draft's forecast loses to plain decoding
     history = [1, 2, *CODE, 3, 4, 5, *CODE[:6]]  # the answer is rewriting CODE: copying pays
     tree = planner.plan(CODE[6], drafter, copy_ctx(history))
     assert planner.steps[COPY] == 1 and drafter.decodes == 0
@@ -310,7 +309,7 @@ def test_auto_learns_the_copy_steps_calibration_and_forgets_it():
 
     def copy_step():
         tree = planner.plan(CODE[6], drafter, copy_ctx(history))
-        return tree, planner._mode == COPY
+        return tree, planner.mode == COPY
 
     tree, copied = copy_step()
     assert copied
@@ -377,7 +376,7 @@ def test_auto_learns_from_copy_trees_it_did_not_verify(target_copies):
     resumed_at, root, answer, after_one = None, CODE[6], list(history), []
     for step in range(8):
         planner.plan(root, drafter, copy_ctx(answer, fresh=False))
-        if planner._mode == COPY:
+        if planner.mode == COPY:
             resumed_at = step
             break
         written = CODE[7 + step] if target_copies else 60 + step  # 60…: never seen, nothing to copy
@@ -397,7 +396,7 @@ def test_auto_grafts_copies_onto_the_draft_tree():
     drafter = confident(q=0.9)
     history = [1, 50, 2, 3, 4, 5]  # a one-token match: a weak copy, no match for the draft alone
     tree = planner.plan(50, drafter, copy_ctx(history))
-    assert planner._mode == SPECULATE and drafter.decodes > 0
+    assert planner.mode == SPECULATE and drafter.decodes > 0
     copied = [int(n) for n in np.flatnonzero(tree.copied)]
     chain = [int(tree.tokens[n]) for n in copied]
     assert chain and chain == [2, 3, 4, 5][: len(chain)]  # the copy chain, grafted below the root
@@ -436,17 +435,18 @@ def test_auto_drafts_one_pass_trees_where_they_pay_and_learns_from_them():
     for _ in range(12):
         drafter = confident(q=0.8)
         tree = planner.plan(7, drafter, ctx())
-        modes.append(planner._mode)
-        if planner._mode == PARALLEL:
+        modes.append(planner.mode)
+        if planner.mode == PARALLEL:
             assert drafter.decodes == 1 and tree.stats.draft_decodes == 1  # one pass, whatever the size
             assert tree.size > 2 and int(tree.depth.max()) <= 5  # at most K + 1 deep
             planner.observe(_verified(tree, 3, 0.007, 0.010))
     assert modes.count(PARALLEL) >= 10
-    assert planner.par_size > 2 and "one-pass tree" in planner.describe()  # it learned the sizes it chose
+    assert planner.calibration.par_size > 2  # it learned the sizes it chose
+    assert "one-pass tree" in planner.describe()
     # without masks the same pair drafts level by level; on a compute-bound CPU, never at all
     plain_auto = AutoPlanner(costs=one_pass_costs())
     plain_auto.plan(7, confident(q=0.8), ctx())
-    assert plain_auto._mode != PARALLEL and plain_auto.draft_setup().masks == 0
+    assert plain_auto.mode != PARALLEL and plain_auto.draft_setup().masks == 0
     cpu = AutoPlanner(costs=CPU, masks=4)
     for _ in range(5):
         cpu.plan(7, confident(q=0.99), ctx())
@@ -456,8 +456,8 @@ def test_auto_drafts_one_pass_trees_where_they_pay_and_learns_from_them():
 def test_one_pass_forecast_follows_what_the_masks_deliver():
     planner = AutoPlanner(costs=one_pass_costs(), masks=4)
     tree = planner.plan(7, confident(q=0.8), ctx())
-    assert planner._mode == PARALLEL
+    assert planner.mode == PARALLEL
     for _ in range(60):  # the masks' trees are never accepted: the forecast must give them up
         planner.observe(_verified(tree, 0, 0.007, 0.010))
     planner.plan(7, confident(q=0.8), ctx())
-    assert planner._mode != PARALLEL
+    assert planner.mode != PARALLEL

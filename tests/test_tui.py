@@ -213,7 +213,7 @@ def test_status_bar_says_what_auto_is_doing(tmp_path):
                 return chat.gen is None
 
             await wait_until(pilot, label_seen, what="the answer")
-            assert "auto plain now" in seen, seen
+            assert "auto plain" in seen, seen
             assert chat.status.strategy == "auto speculating 6 tokens"  # refreshed at the end too
             assert str(chat.status.status_text()).count("auto speculating 6 tokens") == 1
 

@@ -99,7 +99,7 @@ class FakeEngine:
             on_progress("cost profile", done, PROFILE_STEPS)
             self.profile_gate.wait(10)
         self.profiled = True
-        planner.state = "plain now"
+        planner.state = "plain"
 
     def stream(
         self,
@@ -132,7 +132,7 @@ class FakeEngine:
                 return
             time.sleep(self.delay)
             if planner is not None and planner.name == "auto":  # plain for two steps, then speculating
-                planner.state = "plain now" if step < 2 else f"speculating {planner.budget} tokens"
+                planner.state = "plain" if step < 2 else f"speculating {planner.budget} tokens"
             if planner is None or (planner.name == "auto" and step < 2):
                 event = self._plain_step(answer[pos])
             else:

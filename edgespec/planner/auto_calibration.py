@@ -1,0 +1,122 @@
+"""``auto``'s calibration: the cost curves it decides with and what it learns from the steps it ran.
+
+- **Curves** (``effective``): the pair's measured cost profile (``edgespec.measure.costs``) with two
+  learned factors, measured ÷ profiled cost of batches (n ≥ 2) and of drafting, each over the same
+  ratio for plain decoding — so a profile taken on a busy machine is corrected, whatever the load now.
+- **r**, the draft's calibration: tokens accepted ÷ predicted (Σ p̂ of the verified trees), decayed
+  per draft-tree step, prior 1 worth ``PRIOR_WEIGHT`` tokens. A tree's expected yield is r · Σ p̂.
+- **profile**: the draft's average top-j probabilities, which forecasts grow children from.
+- **one-pass trees** (ParallelSpec): their own r (the masks' rows are not the draft's), and the
+  expected length and size they came to.
+
+The copies' calibration r_c is ``auto_copies.CopySteps``'s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .costmodel import CostModel
+
+PROFILE_LEN = 4  # children predicted per expanded node in forecasts
+PRIOR_PROFILE = np.array([0.6, 0.12, 0.05, 0.03])  # a typical draft's top-j probabilities
+PRIOR_WEIGHT = 4.0  # the priors count as this many observed nodes / predicted tokens
+PROFILE_MEMORY = 8.0  # the running profile weighs as this many nodes against a step's new ones
+DECAY = 0.97  # per observed draft-tree step: older steps fade
+FACTOR_RANGE = (0.25, 8.0)  # learned cost factors stay within this range
+
+
+@dataclass
+class Calibration:
+    costs: CostModel | None = None  # the pair's profile (None: not measured yet → plain decoding)
+    effective: CostModel | None = None  # the profile with the learned factors applied
+    accepted: float = PRIOR_WEIGHT  # decayed Σ accepted draft tokens
+    predicted: float = PRIOR_WEIGHT  # decayed Σ p̂ of the verified trees
+    profile: np.ndarray = field(default_factory=lambda: PRIOR_PROFILE.copy())
+    batch_factor: float = 1.0  # measured ÷ profiled verify of n ≥ 2 tokens, over plain decoding's
+    draft_factor: float = 1.0  # measured ÷ profiled drafting, over plain decoding's
+    plain_verify: float | None = None  # measured plain decode (EMA)
+    par_accepted: float = PRIOR_WEIGHT  # one-pass trees: decayed Σ accepted
+    par_predicted: float = PRIOR_WEIGHT  # … and Σ p̂
+    par_expected: float = 1.0  # their Σ p̂ (EMA; prior: one token per step)
+    par_size: float = 0.0  # their size (EMA; 0: none seen yet)
+    draft_predicted: float = 0.0  # the last step's drafting seconds as profiled (set by the trees)
+    epoch: int = 0  # bumped whenever anything a forecast reads changes
+    _factors_used: tuple[float, float] = (1.0, 1.0)
+
+    def use_costs(self, costs: CostModel) -> None:
+        self.costs = costs
+        self._apply_factors()
+
+    @property
+    def plain_decode(self) -> float:
+        """c_t(1) as profiled: one plain decode."""
+        return float(self.costs.target[0])
+
+    @property
+    def ratio(self) -> float:
+        """r: accepted ÷ predicted over recent draft trees (prior 1)."""
+        return self.accepted / self.predicted
+
+    @property
+    def par_ratio(self) -> float:
+        return self.par_accepted / self.par_predicted
+
+    def _apply_factors(self) -> None:
+        """The curves decisions use: the profile, batches and drafting scaled by the learned factors."""
+        c = self.costs
+        target = c.target.copy()
+        target[1:] *= self.batch_factor
+        draft, catchup = c.draft * self.draft_factor, c.catchup * self.draft_factor
+        self.effective = CostModel(target, draft, catchup, c.overhead)
+        self._factors_used = (self.batch_factor, self.draft_factor)
+        self.epoch += 1
+
+    # -- learning -------------------------------------------------------------------------------------
+    def learn_plain(self, event) -> None:
+        self.plain_verify = _ema(self.plain_verify, event.timings.verify, 0.2)
+
+    def learn_costs(self, event) -> None:
+        """Measured ÷ profiled for the tree's verify and its drafting, over the same for plain decoding;
+        the curves are rescaled when a factor moved by more than a tenth."""
+        plain = (self.plain_verify / self.plain_decode) if self.plain_verify else 1.0
+        low, high = FACTOR_RANGE
+        if event.verified_nodes >= 2 and event.timings.verify > 0:
+            measured = event.timings.verify / float(self.costs.t(event.verified_nodes)) / plain
+            self.batch_factor = float(np.clip(_ema(self.batch_factor, measured, 0.3), low, high))
+        drafting = event.timings.draft + event.timings.plan
+        if self.draft_predicted > 0 and drafting > 0:
+            measured = drafting / self.draft_predicted / plain
+            self.draft_factor = float(np.clip(_ema(self.draft_factor, measured, 0.3), low, high))
+        used_b, used_d = self._factors_used
+        if abs(self.batch_factor / used_b - 1) > 0.1 or abs(self.draft_factor / used_d - 1) > 0.1:
+            self._apply_factors()
+
+    def learn_tree(self, event) -> None:
+        """A level-by-level draft tree: r, and the draft's top-j profile from its distributions."""
+        if event.drafted > 0:
+            self.accepted = DECAY * self.accepted + event.accepted
+            self.predicted = DECAY * self.predicted + event.expected_accept
+        tree = event.tree
+        if tree is not None and tree.dists:
+            tops = np.zeros((len(tree.dists), PROFILE_LEN))
+            for i, dist in enumerate(tree.dists.values()):
+                k = min(PROFILE_LEN, dist.probs.shape[0])
+                tops[i, :k] = dist.probs[:k]
+            weight = len(tree.dists) / (len(tree.dists) + PROFILE_MEMORY)
+            self.profile = (1 - weight) * self.profile + weight * tops.mean(axis=0)
+        self.epoch += 1
+
+    def learn_one_pass(self, event) -> None:
+        """A one-pass tree: its own r, expected length and size."""
+        self.par_accepted = DECAY * self.par_accepted + event.accepted
+        self.par_predicted = DECAY * self.par_predicted + event.expected_accept
+        self.par_expected = _ema(self.par_expected, event.expected_accept, 0.2)
+        self.par_size = _ema(self.par_size or None, event.drafted, 0.2)
+        self.epoch += 1
+
+
+def _ema(old: float | None, new: float, alpha: float) -> float:
+    return new if old is None else (1 - alpha) * old + alpha * new

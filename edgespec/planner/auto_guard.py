@@ -1,0 +1,227 @@
+"""``auto``'s guard: within an answer, speculation that delivers less than plain decoding stops —
+whatever the cost model says.
+
+The cost model forecasts; the guard measures. Each speculative step delivered t tokens in s seconds
+of wall time (the decoder's ``StepEvent``); plain decoding costs c seconds per token (measured on
+auto's own plain steps, kept across answers). The step's **excess** is
+
+    x = t − s / c,
+
+the tokens it delivered beyond what plain decoding would have in the same time: speculation pays
+exactly when its mean excess is positive (Σ t / Σ s > 1 / c). Copies and draft trees are guarded
+apart (a copy tree costs one verify and is right or wrong as a block; a draft tree also costs
+drafting), each by a ``Guard`` over exponentially weighted evidence (weight ``DECAY`` per step of its
+kind, so a change in the text shows within ~10 steps). A kind **loses** when
+
+- its weighted Σ x < −``LOSS_BUDGET`` tokens: the recent steps, wins included, lost more than that; or
+- after ``MIN_STEPS`` steps, mean x + ``Z`` · SE < 0 (SE = √(var x / n_eff), n_eff = (Σw)² / Σw²,
+  var x at least ``SIGMA_FLOOR``²: a few equal steps do not make a certainty): a steady loss, larger
+  than the noise of accepted lengths.
+
+Then that kind is off for a while (plain decoding, or the other kind), after which it is tried again
+on fresh evidence: off for ``backoff`` steps, doubled by every retry that loses again
+(``FIRST_BACKOFF`` … ``MAX_BACKOFF``, reset once it lasts ``CALM_STEPS`` steps) — and at least for as
+many steps as make the time the trial lost ``RETRY_SHARE`` of the time until the retry (a trial of
+huge trees that lost ten plain steps' time waits 500 steps). So when speculation always loses, trials
+cost a bounded share of the time; and when the text turns copyable, the next retry finds it. Each
+answer starts with fresh evidence: copies start afresh (what one answer copies says little about the
+next), draft trees keep the wait they were given (the machine, not the text, is what they lose to).
+
+A draft retry first catches the draft up on every token written while it waited (one batched decode
+of them): a one-off cost, charged to the trial's wait but no evidence about drafting. Where that
+catch-up is known to lose more than ``LOSS_BUDGET`` (on a CPU it can cost as much as the wait saved),
+drafts retry at the next answer instead, whose prompt the draft decodes before the first step.
+
+Copies cost nothing to propose, so while they wait, the copy trees auto would have verified are
+followed along what the target writes (``auto_copies.Unverified``): each is an imagined copy step
+that would have delivered its accepted copies + 1 tokens in the time copy steps took (counted once it
+leaves the tree, or as soon as its copies so far beat that time by a token). When ``MIN_STEPS`` of
+them win (mean x − Z · SE > 0), the wait ends: a copyable passage is caught within a few tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .auto_copies import Unverified
+
+DECAY = 0.9  # per step of its kind: evidence older than ~10 steps fades
+LOSS_BUDGET = 2.0  # tokens a kind may lose (weighted Σ of its excess) before it is stopped
+MIN_STEPS = 3  # steps before the steady-loss test
+Z = 1.0  # the steady-loss test's margin, in standard errors of the mean excess
+SIGMA_FLOOR = 0.5  # tokens: the least spread assumed for a step's excess
+FIRST_BACKOFF = 16  # steps before the first retry, at least
+MAX_BACKOFF = 4096  # the longest wait between retries (answers apart)
+RETRY_SHARE = 0.02  # the time a losing trial lost is at most this share of its wait
+CALM_STEPS = 16  # steps of a kind without losing that reset its back-off
+CATCH_UP_FREE = 4  # pending tokens a draft catches up on without that counting as a one-off cost
+PLAIN_REFRESH = 128  # steps after which plain decoding is measured again (one plain step)
+MEMORY = 0.2  # weight of a new step in the measured step times (c, a kind's step: EMAs)
+
+
+@dataclass
+class Evidence:
+    """Exponentially weighted moments of a kind's steps: tokens t and seconds s (not yet the excess:
+    c may be measured after the steps were)."""
+
+    steps: int = 0
+    w: float = 0.0  # Σ w
+    w2: float = 0.0  # Σ w²
+    t: float = 0.0  # Σ w t
+    s: float = 0.0  # Σ w s
+    tt: float = 0.0  # Σ w t²
+    ss: float = 0.0  # Σ w s²
+    ts: float = 0.0  # Σ w t s
+
+    def add(self, tokens: float, seconds: float) -> None:
+        d = DECAY
+        self.steps += 1
+        self.w, self.w2 = d * self.w + 1.0, d * d * self.w2 + 1.0
+        self.t, self.s = d * self.t + tokens, d * self.s + seconds
+        self.tt, self.ss = d * self.tt + tokens * tokens, d * self.ss + seconds * seconds
+        self.ts = d * self.ts + tokens * seconds
+
+    def excess(self, c: float) -> tuple[float, float, float]:
+        """(weighted Σ x, mean x, its standard error) for x = t − s / c."""
+        total = self.t - self.s / c
+        mean = total / self.w
+        square = (self.tt - 2.0 * self.ts / c + self.ss / (c * c)) / self.w  # weighted mean of x²
+        n_eff = self.w * self.w / self.w2
+        return total, mean, math.sqrt(max(square - mean * mean, SIGMA_FLOOR**2) / n_eff)
+
+    def loses(self, c: float) -> bool:
+        if self.steps == 0:
+            return False
+        total, mean, se = self.excess(c)
+        return total < -LOSS_BUDGET or (self.steps >= MIN_STEPS and mean + Z * se < 0.0)
+
+
+@dataclass
+class Guard:
+    """One kind of speculation against plain decoding: its evidence and its back-off."""
+
+    evidence: Evidence = field(default_factory=Evidence)
+    charged: float = 0.0  # tokens' worth of time lost to catch-ups since the last verdict (not evidence)
+    catch_up: float | None = None  # tokens' worth of time a catch-up costs per pending token (EMA)
+    backoff: int = FIRST_BACKOFF  # the next wait, in steps
+    off_until: int = 0  # the step from which it may run again
+    calm: int = 0  # its steps since it last lost
+    measured: float | None = None  # seconds of one of its steps (EMA): what an imagined one takes
+    shadow: Evidence = field(default_factory=Evidence)  # imagined steps while it waits
+
+    def allows(self, step: int, pending: int = 1) -> bool:
+        """Whether it may run at ``step``: not waiting — and, for a retry after more than
+        ``CATCH_UP_FREE`` pending tokens, only where catching up on them is known to lose at most
+        ``LOSS_BUDGET`` (a CPU's draft catching up on a long wait can cost as much as the wait saved).
+        Otherwise it retries at the next answer, whose prompt the draft decodes before the first step."""
+        if step < self.off_until:
+            return False
+        if self.off_until == 0 or pending <= CATCH_UP_FREE:
+            return True
+        return self.catch_up is not None and self.catch_up * pending <= LOSS_BUDGET
+
+    def waiting(self, step: int) -> int:
+        """Steps until the next retry (0: allowed now)."""
+        return max(self.off_until - step, 0)
+
+    def record(self, tokens: int, seconds: float, c: float | None, step: int) -> None:
+        """A step of this kind; ``c``: plain decoding's seconds per token (None: not measured yet)."""
+        self.evidence.add(tokens, seconds)
+        self.measured = _ema(self.measured, seconds)
+        self.calm += 1
+        self.judge(c, step)
+
+    def imagine(self, tokens: int, c: float | None, step: int) -> None:
+        """While it waits: a step of this kind that was not taken, and the tokens it would have
+        delivered (in ``measured`` seconds). Enough winning ones end the wait."""
+        if self.allows(step + 1) or self.measured is None or c is None:
+            return
+        self.shadow.add(tokens, self.measured)
+        total, mean, se = self.shadow.excess(c)
+        if self.shadow.loses(c):  # they would still lose: judge the next ones afresh
+            self.shadow = Evidence()
+        elif self.shadow.steps >= MIN_STEPS and mean - Z * se > 0:
+            self.off_until, self.shadow = step + 1, Evidence()
+
+    def charge(self, tokens: int, seconds: float, c: float | None, pending: int) -> None:
+        """A step of this kind that paid a one-off cost (the draft catching up on ``pending`` tokens
+        plain steps committed): no evidence of how the kind does, but its loss counts towards the next
+        wait, and tells what a catch-up costs per token (at most: the step's own loss is in it too)."""
+        if c is not None:
+            lost = max(seconds / c - tokens, 0.0)
+            self.charged += lost
+            self.catch_up = _ema(self.catch_up, lost / pending)
+
+    def judge(self, c: float | None, step: int) -> None:
+        if c is None:
+            return
+        if self.evidence.loses(c):  # off for a while, then a retry on fresh evidence
+            lost = self.charged - self.evidence.excess(c)[0]  # tokens the trial lost (plain steps' time)
+            wait = min(max(self.backoff, math.ceil(lost / RETRY_SHARE)), MAX_BACKOFF)
+            self.off_until = step + 1 + wait
+            self.backoff = min(2 * self.backoff, MAX_BACKOFF)
+            self.evidence, self.calm, self.charged, self.shadow = Evidence(), 0, 0.0, Evidence()
+        elif self.calm >= CALM_STEPS:  # forgiven: the next loss is a first one again
+            self.backoff, self.charged, self.off_until = FIRST_BACKOFF, 0.0, 0
+
+
+@dataclass
+class Guards:
+    """Copies and draft trees, each against plain decoding; and plain decoding's measured speed."""
+
+    copies: Guard = field(default_factory=Guard)
+    drafts: Guard = field(default_factory=Guard)
+    plain_seconds: float | None = None  # c: a plain step's seconds (one token), EMA, across answers
+    step: int = 0  # steps observed
+    last_plain: int = -1  # the step of the last plain measurement
+    shadows: list[list] = field(default_factory=list)  # [copy tree not verified, its copies accepted]
+
+    def restart(self) -> None:
+        """A new answer: fresh evidence; copies start afresh, draft trees keep their wait (and c is
+        kept: plain decoding's speed is the pair's)."""
+        self.copies, self.shadows = Guard(), []
+        self.drafts.evidence, self.drafts.calm = Evidence(), 0
+
+    def shadow_copies(self, tree: Unverified) -> None:
+        """A copy tree auto would have verified but for the copies' wait: follow it."""
+        self.shadows.append([tree, 0])
+
+    def needs_plain(self) -> bool:
+        """A plain step is due to measure c: none yet while speculating, or none for a while."""
+        speculating = self.copies.evidence.steps + self.drafts.evidence.steps > 0
+        return speculating and (self.last_plain < 0 or self.step - self.last_plain >= PLAIN_REFRESH)
+
+    def observe(self, kind: str | None, written: Sequence[int], seconds: float, pending: int = 1) -> None:
+        """A finished step that wrote ``written``: ``kind`` "plain", "copy", "draft", "catch-up" (a draft
+        tree that first caught up on ``pending`` tokens: charged, not evidence), or None."""
+        tokens, c, still = len(written), self.plain_seconds, []
+        for shadow in self.shadows:  # the copy trees not verified, along what the target wrote
+            accepted, _, settled = shadow[0].follow(written)
+            shadow[1] += accepted
+            # a clear win already: its copies so far beat plain decoding's tokens in its time by one
+            measured = self.copies.measured
+            winning = c is not None and measured is not None and shadow[1] > measured / c
+            if settled or winning:
+                self.copies.imagine(shadow[1] + 1, c, self.step)
+            else:
+                still.append(shadow)
+        self.shadows = still
+        if kind == "plain":
+            self.last_plain = self.step
+            if seconds > 0:  # c: an exponential average of plain steps (one token each)
+                self.plain_seconds = _ema(self.plain_seconds, seconds)
+            self.copies.judge(self.plain_seconds, self.step)  # evidence waiting for c
+            self.drafts.judge(self.plain_seconds, self.step)
+        elif kind == "copy":
+            self.copies.record(tokens, seconds, self.plain_seconds, self.step)
+        elif kind == "draft":
+            self.drafts.record(tokens, seconds, self.plain_seconds, self.step)
+        elif kind == "catch-up":
+            self.drafts.charge(tokens, seconds, self.plain_seconds, pending)
+        self.step += 1
+
+
+def _ema(old: float | None, new: float) -> float:
+    return new if old is None else (1 - MEMORY) * old + MEMORY * new

@@ -1,0 +1,155 @@
+"""``auto``'s policy: each step, plain decoding, copies alone, or a draft tree — as the cost model
+forecasts, overruled by the guard (``auto_guard``) where speculation has been losing in this answer.
+
+A step's forecast rate is its expected tokens per second,
+
+    rate = (1 + r · E) / (drafting + c_t(m + 1) + overhead),     plain decoding: 1 / c_t(1),
+
+E the tree's Σ p̂ and r the draft's calibration (``auto_calibration``).
+
+1. **Could speculation ever pay?** With every draft token accepted, the best a step can do is a
+   chain of n: (1 + n) / (catch-up(1) + (n − 1) · d(1) + c_t(n + 1)) (``costmodel.ceiling``; one-pass
+   trees: ``parallel_ceiling``). When no n beats plain decoding (a compute-bound CPU, where c_t(n) ≈
+   n · c_t(1)), auto never drafts: only copies, which cost no drafting, may still pay.
+2. **Forecast.** Otherwise a step's growth is simulated on the draft's average distribution with the
+   measured r (``costmodel.simulate``); the draft's catch-up on tokens it has not seen (one batched
+   decode after plain steps) is spread over ``HORIZON`` steps. Draft when the forecast beats plain
+   decoding by ``MARGIN``; ``PARALLEL`` when a one-pass tree's forecast beats both.
+3. **Probes.** When the forecast says plain but step 1 says speculation could pay, auto still
+   drafts now and then so that r stays fresh — when a probe's worst-case loss fits the probe credit,
+   which grows by ``probe_budget`` × every step's time.
+4. **Copies** (``auto_copies.CopySteps``): verified alone when their best size's rate beats plain
+   decoding and the draft's forecast.
+5. **The guard** overrules 2–4: a kind (copies, draft trees) that lost to plain decoding in this
+   answer waits for its retry, and a plain step is taken when plain decoding's speed needs measuring.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .auto_calibration import Calibration
+from .auto_copies import CopySteps, Unverified
+from .auto_guard import Guards
+from .costmodel import Choice, CostModel, ceiling, parallel_ceiling, simulate
+from .ngram import CopyTrie
+
+HORIZON = 8  # the draft's catch-up after plain steps is spread over this many speculative steps
+MARGIN = 0.03  # speculate when the forecast beats plain decoding by this fraction
+CREDIT_MAX = 64  # probe credit is capped at this many plain decodes
+MODES = PLAIN, SPECULATE, PROBE, COPY, PARALLEL = "plain", "speculate", "probe", "copy", "parallel"
+DRAFTING = (SPECULATE, PROBE, PARALLEL)  # the modes that draft: the draft guard's
+
+
+@dataclass
+class Policy:
+    calibration: Calibration
+    copies: CopySteps
+    guards: Guards
+    budget: int  # the planner's: most draft tokens per step
+    max_depth: int
+    masks: int  # one-pass trees' K (0: none)
+    probe_budget: float
+    credit: float = 0.0  # seconds probes may still lose
+    why: str = ""  # why the last step was plain, when not by the forecast ("": it was)
+    forecast_rate: float = 0.0  # this step's forecast when drafting
+    _forecast: tuple[int, Choice] | None = field(default=None, repr=False)  # (calibration epoch, choice)
+    _ceiling_ok: bool | None = field(default=None, repr=False)
+    _curves: CostModel | None = field(default=None, repr=False)  # the curves the caches were made with
+
+    @property
+    def never_drafts(self) -> bool:
+        """Step 1 said no tree could ever beat plain decoding on this machine."""
+        return self._ceiling_ok is False
+
+    def choose(self, trie: CopyTrie, pending: int, cap: int) -> tuple[str, int]:
+        """(mode, copies to verify alone) for a step whose draft must first decode ``pending`` tokens."""
+        self.why = ""
+        mode = self.decide(pending, cap)
+        copies = self.copies_alone(trie, cap, mode)
+        step, guards = self.guards.step, self.guards
+        if copies and not guards.copies.allows(step):  # followed, not verified: will copies win again?
+            guards.shadow_copies(Unverified.of(trie, trie.best(copies)))
+            copies, self.why = 0, f"copies lost to plain decoding, retry in {guards.copies.waiting(step)}"
+        if copies:
+            mode = COPY
+        if mode in DRAFTING and not guards.drafts.allows(step, pending):
+            wait = guards.drafts.waiting(step)
+            mode, self.why = PLAIN, f"drafts lost to plain decoding, retry in {wait or 'the next answer'}"
+        if mode != PLAIN and guards.needs_plain():
+            mode, self.why = PLAIN, "measuring plain decoding"
+        if mode == PLAIN and not self.why and self.never_drafts:
+            self.why = "speculation cannot pay on this machine"
+        return mode, copies if mode == COPY else 0
+
+    def decide(self, pending: int, cap: int) -> str:
+        """The cost model's choice (steps 1–3): PLAIN, SPECULATE, PARALLEL or PROBE."""
+        cal = self.calibration
+        if cal.costs is None or cap < 1 or self._ceiling_ok is False:
+            return PLAIN
+        costs = self._refresh(cap)
+        plain_rate = 1.0 / cal.plain_decode
+        if not self._ceiling_ok:
+            return PLAIN  # nothing could beat plain decoding here, even if every draft token were accepted
+        if self._forecast is None or self._forecast[0] != cal.epoch:
+            seconds = float(costs.k(1))
+            self._forecast = cal.epoch, simulate(seconds, cal.ratio, costs, cap, cal.profile, self.max_depth)
+        f = self._forecast[1]
+        catchup = float(costs.k(max(pending, 1)) - costs.k(1)) / HORIZON
+        self.forecast_rate = (1.0 + cal.ratio * f.expected) / (f.seconds + catchup)
+        rival = max(plain_rate * (1 + MARGIN), self.forecast_rate)
+        if self.masks and (parallel := self._parallel_rate(pending, cap)) > rival:
+            self.forecast_rate = parallel
+            return PARALLEL
+        if self.forecast_rate > plain_rate * (1 + MARGIN):
+            return SPECULATE
+        if self.credit >= self._probe_loss(pending):
+            return PROBE
+        return PLAIN
+
+    def _refresh(self, cap: int) -> CostModel:
+        """The calibration's curves; when they changed, the copies' bound and step 1 follow them."""
+        costs = self.calibration.effective
+        if costs is not self._curves:
+            self._curves, self._ceiling_ok = costs, None
+            self.copies.use_costs(costs, self.budget)
+        if self._ceiling_ok is None:
+            best = ceiling(costs, cap)
+            if self.masks:
+                best = max(best, parallel_ceiling(costs, self.masks, cap))
+            self._ceiling_ok = best > (1 + MARGIN) / self.calibration.plain_decode
+        return costs
+
+    def copies_alone(self, trie: CopyTrie, cap: int, mode: str) -> int:
+        """How many copies to verify alone: 0 unless they beat plain decoding and the draft's forecast."""
+        cal = self.calibration
+        if cal.costs is None:
+            return 0
+        if self._curves is not cal.effective:
+            self._refresh(cap)
+        rival = (1.0 + MARGIN) / cal.plain_decode
+        if mode in (SPECULATE, PARALLEL):
+            rival = max(rival, self.forecast_rate)
+        return self.copies.alone(trie, cap, rival)
+
+    def _parallel_rate(self, pending: int, cap: int) -> float:
+        """Forecast of a one-pass tree: (1 + r_par · E_par) / (c_k(pending + K) + c_t(m_par + 1))."""
+        cal, costs = self.calibration, self.calibration.effective
+        size = min(cap, round(cal.par_size) or self.masks + 1)
+        seconds = costs.k(pending + self.masks) + costs.t(size + 1) + costs.overhead
+        return float((1.0 + cal.par_ratio * cal.par_expected) / seconds)
+
+    def _probe_loss(self, pending: int) -> float:
+        """Worst case of a probe: a whole forecast tree's time for the one token plain decoding gives."""
+        costs = self.calibration.effective
+        f = self._forecast[1] if self._forecast is not None else None
+        seconds = f.seconds if f is not None and f.m > 0 else costs.k(1) + costs.t(2) + costs.overhead
+        return float(seconds + costs.k(max(pending, 1)) - costs.k(1) - costs.t(1))
+
+    def learn(self, event, mode: str, plain_seconds: float) -> None:
+        """Probe credit: earned by every step's time, spent by what probes lost against plain decoding."""
+        cal = self.calibration
+        seconds = event.timings.total
+        self.credit = min(self.credit + self.probe_budget * seconds, CREDIT_MAX * cal.plain_decode)
+        if mode == PROBE:
+            self.credit -= max(seconds - len(event.tokens) * plain_seconds, 0.0)
