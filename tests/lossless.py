@@ -1,58 +1,68 @@
-"""End-to-end losslessness harness: planner → tree → verifier, on a synthetic target/draft pair.
+"""End-to-end losslessness harness: every strategy through the decoder's own step
+(``decoding.decoder.speculative_step``: plan → verify → decide → commit → ``observe``) on a synthetic
+pair (``synthetic_engine``), the target sampling with temperature, top-K and top-P (``SAMPLING``).
 
-Every step starts from the same root token. The planner grows a tree with a synthetic draft, the real
-``verify_sampling`` walks it against a synthetic target, and the emitted tokens (accepted drafts,
-then the target's own token) are counted. Lossless means: whenever the verifier emits a token, given
-everything emitted before it in the step (and so whether it got there), the token is distributed as
-the target's p(· | previous token). Two chi-square tests check that, each at ALPHA / 2 (Bonferroni):
+Every step starts from the same root token and conversation (``HISTORY``), as the first step of an
+answer would, but the planner lives on: adaptive planners (auto, ngram, hybrid) plan each step after
+``observe`` has seen every step before, as they do in a real answer. The emitted tokens (accepted
+drafts, then the target's own token) are counted. Lossless means: whenever the decoder emits a token,
+given everything emitted before it in the step (and so whether it got there), the token is distributed
+as the target's sampling distribution p' = ``target_probs`` (softmax at T, top-K, top-P) after the
+previous token. Two chi-square tests check that, each at ALPHA / 2 (Bonferroni):
 
-1. the first token of every step against p(· | ROOT) — STEPS samples, df = V − 1;
-2. every later token (positions 2, 3, ≥ 4, each by its previous token) against p(· | previous) —
-   the strata where every expected count is ≥ 5, df = Σ (V − 1) over them.
+1. the first token of every step against p'(· | ROOT), over its support (df = support − 1);
+2. every later token (positions 2, 3, ≥ 4, each by its previous token) against p'(· | previous) —
+   the strata where every expected count in the support is ≥ 5.
+
+A token outside p's support (cut by top-K or top-P) fails at once (p = 0).
 
 The pair is chosen so that mistakes show (``make_pair``): the draft is sharply unlike the target, the
 draft keeps only its top K of V tokens so its probabilities miss mass (a verifier that forgets to
-renormalise is off), the root's draft makes token 0 a likely first child (the old DySpec seeding),
-and the planners' parameters (``PARAMS``) give up to 4 siblings and depth ≥ 3.
+renormalise is off), the root's draft makes token 0 a likely first child (the old DySpec seeding) and
+proposes tokens the target's top-K cuts (which must never be emitted), and the planners' parameters
+(``PARAMS``) give up to 4 siblings and depth ≥ 3.
 
 Sample size (test 1). A shift of δ in one token's frequency, taken from the others in proportion,
-gives the chi-square non-centrality λ = STEPS · δ² / (p (1 − p)) (any other compensation gives a
-larger λ). Every p(· | ROOT) is ≤ 0.07, so p (1 − p) ≤ 0.0651. With df = 15 and a false alarm of
-ALPHA / 2 = 5e-4 (critical value 39.72), power 0.9 needs λ ≥ 42.5 (the non-central chi-square's
-tail, by simulation: numpy's noncentral_chisquare, 4·10⁵ draws). δ = 0.005 → STEPS ≥ 42.5 · 0.0651
-/ 0.005² = 110,670. Later positions get fewer samples (only steps that accepted a draft token
-reach them), so test 2 sees shifts there as far as its counts allow.
+gives the chi-square non-centrality λ = N · δ² / (p (1 − p)) (any other compensation gives a larger
+λ); p (1 − p) is largest at the largest p'(· | ROOT): 0.0844, so p (1 − p) ≤ 0.0773. p' has 13 tokens
+(df = 12); at a false alarm of ALPHA / 2 = 5e-4 the critical value is 34.82. The power is the
+non-central chi-square's tail past it (``noncentral_sf``: exact, a Poisson mixture of central tails;
+it agrees with numpy's noncentral_chisquare to 3 decimals). ``STEPS`` = 125,000 gives λ = 40.4 for
+δ = 0.005: power 0.913 (the full run, marked slow). The quick tier's ``QUICK_STEPS`` = 12,000 gives
+power 0.905 for δ = ``QUICK_DELTA`` = 0.016. ``first_token_power`` computes these from the pair, and
+``test_the_stated_power_holds`` checks them. Later positions get fewer samples (only steps that
+accepted a draft token reach them), so test 2 sees shifts there as far as its counts allow.
 
-Trees of planners whose children are all deterministic (``ChildRule.TOP``: the one-hot rule, lossless
-for any fixed tree) and that return the same tree for two different random streams are planned once
-and reused; every sampled tree is planned afresh each step.
+The trees of planners that learn nothing (no ``observe``), whose children are all deterministic
+(``ChildRule.TOP``: the one-hot rule, lossless for any fixed tree) and that return the same tree for
+two different random streams are planned once and replayed through the same step; every other tree
+is planned afresh each step.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+from synthetic_engine import SyntheticEngine
 
-from edgespec.decoding.verify import verify_sampling
+from edgespec.decoding.sampling import SamplingParams, target_probs
 from edgespec.planner.costmodel import CostModel
 from edgespec.planner.strategies import STRATEGY_NAMES
 from edgespec.planner.strategies import build as make_planner
-from edgespec.planner.tree import (
-    ChildRule,
-    DraftTree,
-    PlanContext,
-    SparseDist,
-    TreeBuilder,
-)
+from edgespec.planner.tree import ChildRule, DraftTree, PlanContext, Planner, SparseDist
 
 V = 16  # vocabulary
 K = 6  # the draft keeps its top K: its probabilities sum to < 1
 ROOT = 5  # every step's pending root token
 ALPHA = 1e-3  # false-alarm rate of one harness run (two tests at ALPHA / 2 each)
-STEPS = 111_000  # see the module docstring: a 0.005 shift in any first-token frequency fails w.p. ≥ 0.9
+# The target's sampling: at ROOT top-K cuts 3 of its 16 tokens, after any other token top-P cuts 3 or 4
+SAMPLING = SamplingParams(temperature=0.9, top_k=13, top_p=0.95)
+STEPS = 125_000  # the full run: a 0.005 shift in any first-token frequency fails w.p. ≥ 0.9
+QUICK_STEPS = 12_000  # the quick tier's run …
+QUICK_DELTA = 0.016  # … fails on a shift of this much w.p. ≥ 0.9
+POWER = 0.9
 MAX_POSITION = 4  # positions ≥ 4 in a step share a stratum (by previous token)
 MIN_EXPECTED = 5.0  # chi-square strata with a smaller expected count in some cell are left out
 
@@ -120,28 +130,6 @@ def make_pair(seed: int = 11) -> SyntheticPair:
     return SyntheticPair(target, tuple(draft))
 
 
-class MarkovDrafter:
-    """The ``Drafter`` protocol over the pair's draft: a node's distribution depends on its token only."""
-
-    pending = ()  # always caught up
-
-    def __init__(self, pair: SyntheticPair):
-        self.pair = pair
-
-    def expand(self, tree: TreeBuilder, nodes) -> list[SparseDist]:
-        dists = [self.pair.draft[tree.tokens[node]] for node in nodes]
-        for node, dist in zip(nodes, dists):
-            tree.dists[node] = dist
-        return dists
-
-    def parallel_dists(self, tree: TreeBuilder, k: int) -> list[SparseDist]:
-        """ParallelSpec's k + 1 per-depth distributions: the draft after the root, then after the
-        draft's own likeliest token at each depth (a parallel drafter's guess at what comes between)."""
-        dists = [self.pair.draft[tree.tokens[0]]]
-        for _ in range(k):
-            dists.append(self.pair.draft[int(dists[-1].ids[0])])
-        return dists
-
 
 def planner_for(name: str, pair: SyntheticPair):
     strategy, params, costs, _ = VARIANTS.get(name, (name, PARAMS.get(name, {"budget": 10}), COSTS, None))
@@ -149,6 +137,11 @@ def planner_for(name: str, pair: SyntheticPair):
     if planner.wants_costs:
         planner.use_costs(costs)
     return planner
+
+
+def costs_for(name: str) -> CostModel:
+    """The machine a strategy runs on (the engine's clock), the same curves its planner was given."""
+    return VARIANTS[name][2] if name in VARIANTS else COSTS
 
 
 # The conversation before the root, for planners that copy from it (ngram, hybrid, auto): ROOT recurs
@@ -161,17 +154,46 @@ def history_for(name: str) -> tuple[int, ...]:
     return VARIANTS[name][3] if name in VARIANTS else HISTORY
 
 
-def _plan(planner, pair: SyntheticPair, rng: np.random.Generator, history=HISTORY) -> DraftTree:
-    ctx = PlanContext(sampling=True, rng=rng, max_nodes=64, history=history, fresh=True)
-    if planner.needs_target_root:  # the target's own candidates at the root
-        p = pair.target[ROOT]
-        order = np.argsort(-p, kind="stable").astype(np.int32)
-        return planner.plan(ROOT, MarkovDrafter(pair), ctx, root_dist=SparseDist(order, p[order]))
-    return planner.plan(ROOT, MarkovDrafter(pair), ctx)
+def expected_rows(pair: SyntheticPair, params: SamplingParams = SAMPLING) -> np.ndarray:
+    """(V, V) p'(· | a): the target's sampling distribution after token a, as the decoder computes it."""
+    return np.array([target_probs(np.log(pair.target[a]).astype(np.float32), params) for a in range(V)])
+
+
+class _Replay(Planner):
+    """A planner's one tree, replayed every step (see the module docstring: planners that learn
+    nothing and plan one deterministic tree)."""
+
+    def __init__(self, planner, tree: DraftTree):
+        self.planner, self.tree = planner, tree
+        self.name, self.needs_draft = planner.name, planner.needs_draft
+        self.needs_target_root = planner.needs_target_root
+
+    def plan(self, root_token, drafter, ctx, root_dist=None) -> DraftTree:
+        return self.tree
 
 
 def _shape(tree: DraftTree) -> tuple:
     return tuple(tree.tokens.tolist()), tuple(tree.parents.tolist()), tuple(tree.child_rule.tolist())
+
+
+def _fixed_tree(planner, pair: SyntheticPair, history, seed: int) -> DraftTree | None:
+    """The planner's tree when it is the same for two random streams, deterministic and never learnt."""
+    if type(planner).observe is not Planner.observe:
+        return None
+    trees = []
+    for stream in (seed, seed + 1):
+        engine = SyntheticEngine(pair.target, pair.draft, COSTS)
+        engine.reset(history, ROOT)
+        ctx = PlanContext(True, np.random.default_rng(stream), engine.max_nodes, history, True)
+        engine.draft.begin_step(SAMPLING.temperature)
+        if planner.needs_target_root:
+            p = target_probs(np.log(pair.target[ROOT]).astype(np.float32), SAMPLING)
+            order = np.argsort(-p, kind="stable")[: np.count_nonzero(p)].astype(np.int32)
+            trees.append(planner.plan(ROOT, engine.draft, ctx, root_dist=SparseDist(order, p[order])))
+        else:
+            trees.append(planner.plan(ROOT, engine.draft, ctx))
+    deterministic = set(trees[0].child_rule.tolist()) <= {ChildRule.NONE, ChildRule.TOP}
+    return trees[0] if deterministic and _shape(trees[0]) == _shape(trees[1]) else None
 
 
 @dataclass
@@ -182,7 +204,8 @@ class Run:
     later: np.ndarray  # (MAX_POSITION − 1, V, V) [position − 2, previous token, token]
     max_depth: int = 0
     siblings: set[int] = field(default_factory=set)  # child counts of expanded nodes
-    fresh_trees: bool = True  # False: one deterministic tree, planned once
+    plain_steps: int = 0  # steps that verified no draft token (auto's plain steps, copiers without a match)
+    fresh_trees: bool = True  # False: one deterministic tree, replayed
     p_first: float = 1.0
     p_later: float = 1.0
 
@@ -192,43 +215,76 @@ class Run:
 
 
 def run(
-    planner,
-    pair: SyntheticPair,
-    steps: int = STEPS,
-    seed: int = 0,
-    verify: Callable = verify_sampling,
-    history: tuple[int, ...] = HISTORY,
-) -> Run:
-    """``steps`` planning + verification steps from ROOT; counts, coverage and the two p-values."""
+    planner, pair: SyntheticPair, steps: int = QUICK_STEPS, seed: int = 0, history: tuple[int, ...] = HISTORY,
+    costs: CostModel = COSTS, params: SamplingParams = SAMPLING,
+) -> Run:  # fmt: skip
+    """``steps`` steps of the decoder from ROOT on a ``costs`` machine; counts, coverage, p-values."""
     rng = np.random.default_rng(seed)
     out = Run(first=np.zeros(V, dtype=np.int64), later=np.zeros((MAX_POSITION - 1, V, V), dtype=np.int64))
-    fixed = _plan(planner, pair, rng, history)
-    deterministic = set(fixed.child_rule.tolist()) <= {ChildRule.NONE, ChildRule.TOP}
-    again = _plan(planner, pair, np.random.default_rng(seed + 1), history)  # another stream: the same tree?
-    out.fresh_trees = not (deterministic and _shape(again) == _shape(fixed))
-    for _ in range(steps):
-        tree = _plan(planner, pair, rng, history) if out.fresh_trees else fixed
-        verdict = verify(tree, lambda node, tokens=tree.tokens: pair.target[tokens[node]], rng)
-        emitted = [ROOT, *(int(tree.tokens[node]) for node in verdict.path[1:]), verdict.next_token]
-        out.first[emitted[1]] += 1
-        for position in range(2, len(emitted)):
-            out.later[min(position, MAX_POSITION) - 2, emitted[position - 1], emitted[position]] += 1
-        if out.fresh_trees or out.max_depth == 0:
-            out.max_depth = max(out.max_depth, int(tree.depth.max()))
-            out.siblings.update(len(tree.children(u)) for u in range(tree.size) if tree.children(u))
-    out.p_first = chi2_sf(*chi_square(out.first[None, :], pair.target[ROOT][None, :]))
-    out.p_later = chi2_sf(*chi_square(out.later.reshape(-1, V), np.tile(pair.target, (MAX_POSITION - 1, 1))))
+    fixed = _fixed_tree(planner, pair, history, seed)
+    out.fresh_trees = fixed is None
+    stepper = planner if fixed is None else _Replay(planner, fixed)
+    engine = SyntheticEngine(pair.target, pair.draft, costs)
+    with engine.clock.running():
+        for i in range(steps):
+            engine.reset(history, ROOT)
+            event = engine.step(stepper, ROOT, params, rng, fresh=i == 0).event
+            emitted = [ROOT, *event.token_ids]
+            out.first[emitted[1]] += 1
+            for position in range(2, len(emitted)):
+                out.later[min(position, MAX_POSITION) - 2, emitted[position - 1], emitted[position]] += 1
+            tree = event.tree
+            out.plain_steps += tree is None or tree.size == 1
+            if tree is not None and (out.fresh_trees or out.max_depth == 0):
+                out.max_depth = max(out.max_depth, int(tree.depth.max()))
+                out.siblings.update(len(tree.children(u)) for u in range(tree.size) if tree.children(u))
+    expected = expected_rows(pair, params)
+    out.p_first = chi2_sf(*chi_square(out.first[None, :], expected[ROOT][None, :]))
+    out.p_later = chi2_sf(*chi_square(out.later.reshape(-1, V), np.tile(expected, (MAX_POSITION - 1, 1))))
     return out
 
 
+# -- statistics -------------------------------------------------------------------------------------
+def first_token_power(steps: int, delta: float, params: SamplingParams = SAMPLING) -> float:
+    """Test 1's power against a δ shift of one first-token frequency (the worst token: largest p)."""
+    p_root = expected_rows(make_pair(), params)[ROOT]
+    p = float(p_root.max())
+    df = int(np.count_nonzero(p_root)) - 1
+    return noncentral_sf(chi2_isf(ALPHA / 2, df), df, steps * delta**2 / (p * (1 - p)))
+
+
+def chi2_isf(q: float, df: int) -> float:
+    """The x with P(χ²_df ≥ x) = q (bisection on ``chi2_sf``)."""
+    low, high = 0.0, 10.0 * df + 100.0
+    for _ in range(200):
+        mid = (low + high) / 2
+        low, high = (mid, high) if chi2_sf(mid, df) > q else (low, mid)
+    return (low + high) / 2
+
+
+def noncentral_sf(x: float, df: int, lam: float) -> float:
+    """P(χ'²_df(λ) ≥ x): the non-central chi-square is a Poisson(λ/2) mixture of central χ²_{df+2j}."""
+    total, j, weight = 0.0, 0, math.exp(-lam / 2)
+    while j < 10 * (lam + 10):
+        total += weight * chi2_sf(x, df + 2 * j)
+        j += 1
+        weight *= (lam / 2) / j
+    return total
+
+
 def chi_square(counts: np.ndarray, probs: np.ndarray) -> tuple[float, int]:
-    """Pearson's X² = Σ (O − E)² / E over the strata (rows) whose every E = n · p is ≥ MIN_EXPECTED,
-    and its degrees of freedom Σ (V − 1) over them (each row's total is fixed by the data)."""
+    """Pearson's X² = Σ (O − E)² / E over each stratum's (row's) support p > 0, for the strata whose
+    every such E = n · p is ≥ MIN_EXPECTED, and its degrees of freedom Σ (support − 1) over them (each
+    row's total is fixed by the data). A count outside the support is impossible: X² = ∞."""
+    if (counts[probs == 0] > 0).any():
+        return math.inf, 1
     n = counts.sum(axis=1, keepdims=True)  # (S, 1) visits of each stratum
     expected = n * probs  # (S, V)
-    usable = (expected >= MIN_EXPECTED).all(axis=1)
-    stat = float((((counts - expected) ** 2)[usable] / expected[usable]).sum())
-    return stat, int(usable.sum()) * (counts.shape[1] - 1)
+    support = probs > 0
+    usable = ((expected >= MIN_EXPECTED) | ~support).all(axis=1) & (n[:, 0] > 0)
+    cells = support & usable[:, None]
+    stat = float(((counts - expected)[cells] ** 2 / expected[cells]).sum())
+    return stat, int((support.sum(axis=1) - 1)[usable].sum())
 
 
 def chi2_sf(x: float, df: int) -> float:
@@ -236,6 +292,8 @@ def chi2_sf(x: float, df: int) -> float:
     §6.2: the series for P when x < a + 1, else Lentz's continued fraction for Q)."""
     if df == 0:
         return 1.0  # nothing could be tested: no evidence against
+    if math.isinf(x):
+        return 0.0
     a, x = df / 2.0, x / 2.0
     if x <= 0.0:
         return 1.0
