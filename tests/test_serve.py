@@ -223,14 +223,29 @@ def test_disconnect_cancels_the_answer_and_frees_the_server(serve):
     assert run.engine.finishes[0] == "cancelled"
 
 
-def test_bench_client_measures_any_server(serve, tmp_path, capsys):
-    from edgespec.server.bench_client import main
+def test_bench_server_measures_any_server(serve, tmp_path, capsys):
+    from edgespec.cli import main
 
     run = serve()
-    assert (
-        main([run.url + "/v1", "--prompts", "quick", "--max-tokens", "4", "--json", str(tmp_path / "b.json")])
-        == 0
-    )
-    rows = json.loads((tmp_path / "b.json").read_text())
+    out = tmp_path / "b.json"
+    argv = [
+        "bench",
+        "--server",
+        run.url + "/v1",
+        "--prompts",
+        "quick",
+        "--max-tokens",
+        "4",
+        "--json",
+        str(out),
+    ]
+    assert main(argv) == 0
+    results = json.loads(out.read_text())
+    rows = results["prompts"]
     assert rows and all(r["tokens"] == 4 and r["draft_n"] is not None for r in rows)
-    assert rows[0]["prompt"] in capsys.readouterr().out
+    turns = results["conversation"]
+    assert [t["turn"] for t in turns] == [1, 2, 3, 4, 5, 6]
+    assert all(t["ttft"] is not None and t["tokens"] == 4 and t["prompt_n"] is not None for t in turns)
+    assert results["tools"][0]["step"] == "call"  # the fake answers in text: no call, no second step
+    printed = capsys.readouterr().out
+    assert rows[0]["prompt"] in printed and "whole conversation" in printed

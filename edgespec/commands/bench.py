@@ -64,6 +64,24 @@ def register(sub) -> None:
     p.add_argument(
         "--reprofile", action="store_true", help="measure the cost profile again (replaces the cached one)"
     )
+    server = p.add_argument_group(
+        "a running server",
+        "--server URL measures any OpenAI-compatible server (edgespec serve, llama-server …) from a client: "
+        "the --prompts set, a 6-turn conversation sent whole each turn (time to first token, prompt tokens "
+        "decoded and cached) and a tool-call exchange; nothing is loaded here",
+    )
+    server.add_argument(
+        "--server", metavar="URL", help="the server's base URL, e.g. http://127.0.0.1:8080/v1"
+    )
+    server.add_argument(
+        "--sets",
+        default="prompts,conversation,tools",
+        help="with --server: what to measure: prompts, conversation, tools (default: all)",
+    )
+    server.add_argument("--api-key", help="with --server: sent as 'Authorization: Bearer KEY'")
+    server.add_argument(
+        "--model", help="with --server: the model id to send (edgespec and llama-server take any)"
+    )
     options.add_run_args(p, strategy=False)
     options.add_parameter_flags(p.add_argument_group("strategy parameters"))
     p.set_defaults(run=run)
@@ -128,6 +146,12 @@ def run(args) -> int:
         for note in notes:
             console.print(f"differs: {note}")
         return 0
+    if args.server:
+        args.prompts = args.prompts or "quick"
+        args.max_tokens = args.max_tokens or QUICK_MAX_TOKENS
+        from ..server.bench_client import measure  # the server's client: httpx, nothing of the models
+
+        return measure(args.server, args)
     if args.quick:
         args.strategies = args.strategies or QUICK_STRATEGIES
         args.prompts = args.prompts or "quick"

@@ -1,8 +1,14 @@
-"""The bench prompts against any OpenAI-compatible server (edgespec serve, llama-server with `-md`, …).
+"""`edgespec bench --server URL`: what clients see from any OpenAI-compatible server (edgespec serve,
+llama-server with `-md` and `--spec-type`, …), measured by one client on the same requests.
 
-Each prompt is one non-streaming request with greedy sampling; the table reports wall-clock tokens/s per
-prompt and, where the server sends llama-server-style ``timings``, its decode speed and draft acceptance —
-so edgespec and llama-server's own speculation are measured by the same client on the same prompts.
+Three sets, greedy, every request timed from the client's side:
+
+- ``prompts``: the bench prompts (``--prompts``), one request each: tokens/s on the wall clock and, where
+  the server sends llama-server-style ``timings``, its decode speed and draft acceptance;
+- ``conversation``: a 6-turn coding conversation sent whole every turn, streamed, as editors and agents
+  do: time to the first token each turn, the prompt tokens the server decoded (``timings.prompt_n``;
+  ``cache_n`` the ones it had cached) and the whole conversation's time;
+- ``tools``: an agent's exchange with two tools: the call, the tool's result sent back, the answer.
 """
 
 from __future__ import annotations
@@ -16,24 +22,99 @@ import httpx
 
 from ..measure.prompts import load_prompts
 
+SETS = ("prompts", "conversation", "tools")
+TIMEOUT = 600.0
+CONVERSATION = (
+    "Write a Python function is_prime(n).",
+    "Add a docstring to it.",
+    "Now write first_primes(k) that returns the first k primes, using is_prime.",
+    "Add type hints to both functions.",
+    "Write one pytest test for first_primes.",
+    "How would you make is_prime faster for large n? One sentence.",
+)
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get the current weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "description": "Get the current local time in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    },
+]
+TOOL_QUESTION = "What is the weather in Paris right now?"
+TOOL_RESULT = '{"temperature_c": 18, "sky": "sunny"}'
 
-def run_prompts(
-    url: str, prompts: str, max_tokens: int, api_key: str | None, model: str | None
-) -> list[dict]:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    rows = []
-    for case in load_prompts(prompts):
-        body = {
-            "messages": [{"role": role, "content": text} for role, text in case.messages],
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            **({"model": model} if model else {}),
-        }
+
+class Client:
+    def __init__(self, url: str, api_key: str | None, model: str | None, max_tokens: int):
+        self.url = url.rstrip("/")
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.extra = {"model": model} if model else {}
+        self.max_tokens = max_tokens
+
+    def body(self, messages: list[dict], **fields) -> dict:
+        return {"messages": messages, "max_tokens": self.max_tokens, "temperature": 0, **self.extra, **fields}
+
+    def ask(self, messages: list[dict], **fields) -> tuple[dict, float]:
         start = perf_counter()
-        response = httpx.post(url.rstrip("/") + "/chat/completions", json=body, headers=headers, timeout=600)
+        response = httpx.post(
+            self.url + "/chat/completions",
+            json=self.body(messages, **fields),
+            headers=self.headers,
+            timeout=TIMEOUT,
+        )
         wall = perf_counter() - start
         response.raise_for_status()
-        reply = response.json()
+        return response.json(), wall
+
+    def stream(self, messages: list[dict]) -> dict:
+        """One streamed answer: its text, time to the first text, wall time, usage and timings."""
+        body = self.body(messages, stream=True, stream_options={"include_usage": True})
+        start, first, text, usage, timings = perf_counter(), None, [], {}, {}
+        with httpx.stream(
+            "POST", self.url + "/chat/completions", json=body, headers=self.headers, timeout=TIMEOUT
+        ) as response:
+            response.raise_for_status()
+            for line in response.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                for choice in chunk.get("choices") or []:
+                    piece = (choice.get("delta") or {}).get("content")
+                    if piece:
+                        first = first if first is not None else perf_counter() - start
+                        text.append(piece)
+                usage, timings = chunk.get("usage") or usage, chunk.get("timings") or timings
+        return {
+            "text": "".join(text),
+            "ttft": first,
+            "wall": perf_counter() - start,
+            "usage": usage,
+            "timings": timings,
+        }
+
+
+def run_prompts(client: Client, prompts: str) -> list[dict]:
+    rows = []
+    for case in load_prompts(prompts):
+        reply, wall = client.ask([{"role": role, "content": text} for role, text in case.messages])
         tokens = reply.get("usage", {}).get("completion_tokens", 0)
         timings = reply.get("timings", {})
         rows.append(
@@ -49,25 +130,130 @@ def run_prompts(
     return rows
 
 
+def run_conversation(client: Client, turns=CONVERSATION) -> list[dict]:
+    history, rows = [], []
+    for i, text in enumerate(turns, 1):
+        history.append({"role": "user", "content": text})
+        answer = client.stream(history)
+        history.append({"role": "assistant", "content": answer["text"]})
+        usage, timings = answer["usage"], answer["timings"]
+        rows.append(
+            {
+                "turn": i,
+                "ttft": answer["ttft"],
+                "wall": answer["wall"],
+                "prompt_tokens": usage.get("prompt_tokens"),
+                "prompt_n": timings.get("prompt_n"),
+                "cache_n": timings.get("cache_n"),
+                "tokens": usage.get("completion_tokens"),
+            }
+        )
+    return rows
+
+
+def run_tools(client: Client) -> list[dict]:
+    messages = [{"role": "user", "content": TOOL_QUESTION}]
+    reply, wall = client.ask(messages, tools=TOOLS)
+    message = reply["choices"][0]["message"]
+    calls = message.get("tool_calls") or []
+    rows = [{"step": "call", "wall": wall, "tool_calls": [c["function"]["name"] for c in calls]}]
+    if calls:
+        results = [{"role": "tool", "tool_call_id": c.get("id", ""), "content": TOOL_RESULT} for c in calls]
+        reply, wall = client.ask([*messages, message, *results], tools=TOOLS)
+        answer = reply["choices"][0]["message"].get("content") or ""
+        rows.append({"step": "answer", "wall": wall, "tool_calls": [], "text": answer})
+    return rows
+
+
+def run_sets(client: Client, sets: tuple[str, ...], prompts: str) -> dict:
+    out: dict = {}
+    if "prompts" in sets:
+        out["prompts"] = run_prompts(client, prompts)
+    if "conversation" in sets:
+        out["conversation"] = run_conversation(client)
+    if "tools" in sets:
+        out["tools"] = run_tools(client)
+    return out
+
+
+def parse_sets(text: str) -> tuple[str, ...]:
+    sets = tuple(s.strip() for s in text.split(",") if s.strip())
+    unknown = [s for s in sets if s not in SETS]
+    if unknown or not sets:
+        raise ValueError(f"unknown set {unknown[0] if unknown else text!r}; choose from {', '.join(SETS)}")
+    return sets
+
+
+def print_results(results: dict, out=None) -> None:
+    out = out or sys.stdout
+    if "prompts" in results:
+        print(
+            f"{'prompt':32} {'tokens':>6} {'wall tok/s':>10} {'decode tok/s':>12} {'accepted/drafted':>17}",
+            file=out,
+        )
+        for r in results["prompts"]:
+            decode = f"{r['decode_tokens_per_second']:.1f}" if r["decode_tokens_per_second"] else "-"
+            accepted = f"{r['draft_n_accepted']}/{r['draft_n']}" if r["draft_n"] is not None else "-"
+            wall = f"{r['wall_tokens_per_second']:.1f}"
+            print(f"{r['prompt']:32} {r['tokens']:>6} {wall:>10} {decode:>12} {accepted:>17}", file=out)
+    if "conversation" in results:
+        rows = results["conversation"]
+        print(
+            f"\n{'turn':>4} {'TTFT s':>8} {'wall s':>8} {'prompt':>7} {'decoded':>8} {'cached':>7}", file=out
+        )
+        for r in rows:
+            ttft = f"{r['ttft']:.2f}" if r["ttft"] is not None else "-"
+            counts = f"{_n(r['prompt_tokens']):>7} {_n(r['prompt_n']):>8} {_n(r['cache_n']):>7}"
+            print(f"{r['turn']:>4} {ttft:>8} {r['wall']:>8.2f} {counts}", file=out)
+        print(f"whole conversation: {sum(r['wall'] for r in rows):.1f} s", file=out)
+    if "tools" in results:
+        for r in results["tools"]:
+            called = ", ".join(r["tool_calls"]) or "-"
+            print(f"\ntools, {r['step']}: {r['wall']:.2f} s, calls: {called}", file=out, end="")
+        print(file=out)
+
+
+def _n(value) -> str:
+    return "-" if value is None else str(value)
+
+
+def add_args(p: argparse.ArgumentParser, url: bool = True) -> None:
+    if url:
+        p.add_argument("url", help="the server's base URL, e.g. http://127.0.0.1:8080/v1")
+    p.add_argument(
+        "--sets", default=",".join(SETS), help=f"what to measure: {', '.join(SETS)} (default: all)"
+    )
+    p.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY'")
+    p.add_argument("--model", help="model id to send (edgespec and llama-server answer any)")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("url", help="the server's base URL, e.g. http://127.0.0.1:8080/v1")
+    add_args(p)
     p.add_argument("--prompts", default="quick", help="built-in sets (quick, code, chat, …, all) or a .jsonl")
     p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--api-key")
-    p.add_argument("--model", help="model id to send (llama-server and edgespec accept none)")
-    p.add_argument("--json", metavar="OUT", help="also write the rows as JSON")
+    p.add_argument("--json", metavar="OUT", help="also write the results as JSON")
     args = p.parse_args(argv)
-    rows = run_prompts(args.url, args.prompts, args.max_tokens, args.api_key, args.model)
-    print(f"{'prompt':32} {'tokens':>6} {'wall tok/s':>10} {'decode tok/s':>12} {'accepted/drafted':>17}")
-    for r in rows:
-        decode = f"{r['decode_tokens_per_second']:.1f}" if r["decode_tokens_per_second"] else "-"
-        accepted = f"{r['draft_n_accepted']}/{r['draft_n']}" if r["draft_n"] is not None else "-"
-        wall = f"{r['wall_tokens_per_second']:.1f}"
-        print(f"{r['prompt']:32} {r['tokens']:>6} {wall:>10} {decode:>12} {accepted:>17}")
+    return measure(args.url, args)
+
+
+def measure(url: str, args) -> int:
+    """Run ``args.sets`` against ``url``; print the tables, write ``args.json`` if given."""
+    try:
+        sets = parse_sets(args.sets)
+    except ValueError as exc:
+        print(f"edgespec: {exc}", file=sys.stderr)
+        return 2
+    client = Client(url, args.api_key, args.model, args.max_tokens)
+    try:
+        results = run_sets(client, sets, args.prompts)
+    except httpx.HTTPError as exc:
+        print(f"edgespec: the server at {url} failed: {exc}", file=sys.stderr)
+        return 1
+    print_results(results)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(rows, f, indent=1)
+            json.dump(results, f, indent=1)
     return 0
 
 
