@@ -20,10 +20,13 @@ def register(sub) -> None:
     p = sub.add_parser(
         "serve",
         help="serve a pair over an OpenAI-compatible API (/v1/chat/completions) for editors and agents",
-        description="An OpenAI-compatible server (POST /v1/chat/completions, streaming or not; GET "
+        description="An OpenAI-compatible server (POST /v1/chat/completions, streaming or not, with "
+        "tools; POST /v1/completions with fill in the middle, and llama-server's /infill; GET "
         "/v1/models; GET /health) on one target/draft pair. Answers queue in arrival order and each "
-        "carries usage and llama-server-style timings with acceptance statistics. Request fields that "
-        "are left out (temperature, top_p, seed, max_tokens) take the values given here. "
+        "carries usage and llama-server-style timings with acceptance statistics. A prompt decodes only "
+        "what the prompt cache does not hold already (recent conversations are kept within --cache-ram). "
+        "Request fields that are left out (temperature, top_p, seed, max_tokens) take the values given "
+        "here. "
         "See docs/security.md before binding anything but loopback.",
     )
     p.add_argument(
