@@ -84,8 +84,9 @@ class PromptCache:
 
     @property
     def size(self) -> int:
-        """Bytes of host memory the saved conversations take."""
-        return sum(c.size for c in self._saved.values())
+        """Bytes of host memory the saved conversations take (a snapshot: /health reads it from
+        another thread while the worker may change it)."""
+        return sum(c.size for c in tuple(self._saved.values()))
 
     def __len__(self) -> int:
         return len(self._saved)
