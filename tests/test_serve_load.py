@@ -44,9 +44,8 @@ def served(tmp_path_factory):
 
         bundled_paths()
         flags, fim = ["--threads", "2", "--ctx", "2048", "--max-tokens", "8"], True
-        server = Served(
-            [*flags, "--strategy", "auto", "--queue", "16", "--cache-ram", "64"], home, own_home=False
-        )
+        flags += ["--strategy", "chain", "--max-tree-nodes", "8", "--queue", "16", "--cache-ram", "64"]
+        server = Served(flags, home, own_home=False)
     else:
         model = str(R.write_tiny_gguf(home / "tiny.gguf"))
         flags = [
