@@ -41,10 +41,10 @@ __all__ = ["COPY", "PARALLEL", "PLAIN", "PROBE", "SPECULATE", "AutoPlanner", "Co
 PROBE_PROFILE = np.array([0.9, 0.05, 0.02, 0.01])  # what a probe hopes the draft to be (at least)
 ACTIVITY = {
     PLAIN: "plain",
-    SPECULATE: "speculating {} tokens",
-    PROBE: "probing {} tokens",
-    COPY: "copying {} tokens",
-    PARALLEL: "one-pass tree of {} tokens",
+    SPECULATE: "speculating {}",
+    PROBE: "probing {}",
+    COPY: "copying {}",
+    PARALLEL: "one-pass tree of {}",
 }
 
 
@@ -101,7 +101,7 @@ class AutoPlanner(Planner):
     @property
     def activity(self) -> str:
         """What the last step did: "plain", "copying 12 tokens", "speculating 8 tokens", …"""
-        return ACTIVITY[self.mode].format(self.size)
+        return ACTIVITY[self.mode].format(f"{self.size} token" + ("s" if self.size != 1 else ""))
 
     def describe(self) -> str:
         """What auto is doing now (the chat's status bar shows it live), why, and how often it drafted."""
