@@ -85,10 +85,11 @@ class Evidence:
 
     def excess(self, c: float) -> tuple[float, float, float]:
         """(weighted Σ x, mean x, its standard error) for x = t − s / c."""
-        total = self.t - self.s / c
+        total = self.t - self.s / c  # Σ w x = Σ w t − Σ w s / c
         mean = total / self.w
-        square = (self.tt - 2.0 * self.ts / c + self.ss / (c * c)) / self.w  # weighted mean of x²
-        n_eff = self.w * self.w / self.w2
+        # var x = mean of x² − mean², with x² = t² − 2 t s / c + s² / c² (weighted means)
+        square = (self.tt - 2.0 * self.ts / c + self.ss / (c * c)) / self.w
+        n_eff = self.w * self.w / self.w2  # Kish's effective sample size of the weights
         return total, mean, math.sqrt(max(square - mean * mean, SIGMA_FLOOR**2) / n_eff)
 
     def loses(self, c: float) -> bool:
