@@ -120,6 +120,18 @@ def test_budget_keeps_the_most_recent_and_drops_prefixes():
     assert starts == [1, 2]
 
 
+def test_a_budget_of_one_conversation_still_alternates_two():
+    pair = FakePair()
+    cache = PromptCache(pair, budget=200 * BYTES_PER_TOKEN)  # one conversation of both models, not two
+    a, b = conversation(1, 3), conversation(2, 3)
+    decoded = []
+    for turn in range(3):
+        decoded.append(answer(pair, cache, a[turn], reply(1, turn)))
+        decoded.append(answer(pair, cache, b[turn], reply(2, turn)))
+        assert len(cache) == 1 and cache.size <= cache.budget
+    assert decoded == [8, 5, 5, 5, 5, 5]
+
+
 def test_no_budget_keeps_only_the_live_conversation():
     pair = FakePair()
     cache = PromptCache(pair, budget=0)

@@ -112,10 +112,11 @@ class PromptCache:
             n = common_prefix(conversation.target.tokens, prompt)
             if n > best_n and self._usable(conversation):
                 best, best_n = key, n
+        chosen = self._saved.pop(best) if best is not None else None  # before saving: not evicted
         if len(target.committed) - live >= self.min_save:
-            self._save_live()
-        if best is not None:
-            self._put_back(self._saved.pop(best))
+            self._save_live(chosen)
+        if chosen is not None:
+            self._put_back(chosen)
 
     def clear(self) -> None:
         self._saved.clear()
@@ -126,10 +127,11 @@ class PromptCache:
     def _draft_weights(self) -> object:
         return getattr(self.pair, "_adapter", None)
 
-    def _save_live(self) -> None:
+    def _save_live(self, chosen: _Conversation | None) -> None:
         target, draft = self.pair.target, self.pair.draft
         tokens = tuple(target.committed)
-        if any(c.target.tokens[: len(tokens)] == tokens for c in self._saved.values()):
+        others = [*self._saved.values(), *([chosen] if chosen is not None else [])]
+        if any(c.target.tokens[: len(tokens)] == tokens for c in others):
             return  # a saved conversation continues this one: it serves every prompt this one would
         for key in [k for k, c in self._saved.items() if tokens[: len(c.target.tokens)] == c.target.tokens]:
             del self._saved[key]  # a prefix of the live conversation: it serves no prompt better
