@@ -20,17 +20,10 @@ from realmodels import bundled_paths, measure_batch_noise
 
 from edgespec.decoding.chat import ChatSettings, Message
 from edgespec.decoding.events import GenerationStats
+from edgespec.server.bench_client import CONVERSATION as TURNS
 
 pytestmark = pytest.mark.model
 
-TURNS = [
-    "Write a Python function is_prime(n).",
-    "Add a docstring to it.",
-    "Now write first_primes(k) that returns the first k primes, using is_prime.",
-    "Add type hints to both functions.",
-    "Write one pytest test for first_primes.",
-    "How would you make is_prime faster for large n? One sentence.",
-]
 SETTINGS = ChatSettings(max_tokens=16)
 
 

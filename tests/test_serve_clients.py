@@ -18,6 +18,9 @@ import pytest
 from hostile import Served
 from realmodels import bundled_paths
 
+from edgespec.server.bench_client import CONVERSATION as TURNS
+from edgespec.server.bench_client import TOOLS
+
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.model
 
@@ -33,41 +36,7 @@ FLAGS = [
     "--cache-ram",
     "256",
 ]
-TURNS = [
-    "Write a Python function is_prime(n).",
-    "Add a docstring to it.",
-    "Now write first_primes(k) that returns the first k primes, using is_prime.",
-    "Add type hints to both functions.",
-    "Write one pytest test for first_primes.",
-    "How would you make is_prime faster for large n? One sentence.",
-]
 MAX_TOKENS = 24
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Get the current weather in a city",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string", "description": "the city's name"}},
-                "required": ["city"],
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "get_time",
-            "description": "Get the current local time in a city",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        },
-    },
-]
 
 
 @pytest.fixture(scope="module")
