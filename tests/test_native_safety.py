@@ -66,6 +66,22 @@ def test_install_script_pins_the_version_pyproject_pins():
     assert f"llama-cpp-python=={_install_script().LLAMA_CPP_PYTHON}" in deps
 
 
+def test_another_llama_cpp_under_the_binding_is_refused_before_any_call(monkeypatch):
+    """The ctypes structures the engine fills (llama_batch, the parameters) are llama-cpp-python's
+    declarations of the llama.cpp it vendors; a library of another version (LLAMA_CPP_LIB_PATH) is an
+    error with the fix at start, before a model or a batch is touched."""
+    from edgespec.engine import _backend
+
+    assert _backend.library_versions() == _backend.EXPECTED_LIBRARY  # the pinned build is the one loaded
+    monkeypatch.setattr(_backend, "_BACKEND_READY", False)
+    monkeypatch.setattr(_backend, "library_versions", lambda: {"llama.cpp": "0.6.1", "ggml": "0.31.0"})
+    with pytest.raises(EngineError, match="LLAMA_CPP_LIB_PATH") as raised:
+        _backend._ensure_backend()
+    assert "0.6.1" in str(raised.value) and "0.5.0-dev" in str(raised.value)
+    monkeypatch.setattr(_backend, "library_versions", lambda: {"llama.cpp": "0.5.0-dev"})  # ggml not found
+    _backend._ensure_backend()  # what was found agrees: no error
+
+
 def test_cpu_flags_read_the_first_processor():
     install = _install_script()
     cpuinfo = "processor : 0\nflags\t\t: fpu avx2 amx_int8\n\nprocessor : 1\nflags : fpu\n"

@@ -9,15 +9,48 @@ import ctypes
 import os
 import warnings
 from functools import cache
+from pathlib import Path
 
 import llama_cpp as C
+import llama_cpp.llama_cpp as _binding
+
+from ..errors import EngineError
 
 _BACKEND_READY = False
+# The library that llama-cpp-python 0.3.36's ctypes declarations describe (the llama.cpp and ggml its sdist
+# vendors): ``_llama.py`` fills ``llama_batch`` and the model and context parameters through them. Another
+# libllama under the same binding (LLAMA_CPP_LIB_PATH, a library built from other sources) may lay those
+# structures out differently, which is memory corruption, not an error: refused before first use.
+EXPECTED_LIBRARY = {"llama.cpp": "0.5.0-dev", "ggml": "0.25.3"}
+
+
+def library_versions() -> dict[str, str]:
+    """The versions the loaded libllama and the libggml-base beside it report of themselves."""
+    libllama = Path(_binding._lib._name)
+    found = {"llama.cpp": C.llama_version().decode()}
+    with contextlib.suppress(OSError, AttributeError):  # already loaded by libllama: the same handle
+        ggml = ctypes.CDLL(str(libllama.with_name(libllama.name.replace("llama", "ggml-base"))))
+        ggml.ggml_version.restype = ctypes.c_char_p
+        found["ggml"] = ggml.ggml_version().decode()
+    return found
+
+
+def check_library(found: dict[str, str]) -> None:
+    """An ``EngineError`` unless every version found is the expected one (ggml's is read where its
+    library is found beside libllama)."""
+    if any(EXPECTED_LIBRARY.get(name) != version for name, version in found.items()):
+        raise EngineError(
+            f"the loaded llama.cpp library ({_binding._lib._name}: {found}) is not the one llama-cpp-python "
+            f"{C.__version__} was written for ({EXPECTED_LIBRARY}); its structures may differ, so edgespec "
+            "will not call it. Unset LLAMA_CPP_LIB_PATH, or reinstall llama-cpp-python with "
+            "`python scripts/install_llama.py`."
+        )
 
 
 def _ensure_backend() -> None:
     global _BACKEND_READY
     if not _BACKEND_READY:
+        check_library(library_versions())
         C.llama_log_set(_SILENT_LOG, ctypes.c_void_p(0))
         C.llama_backend_init()
         _BACKEND_READY = True
