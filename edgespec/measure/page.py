@@ -17,6 +17,7 @@ by ``python scripts/benchmarks_page.py``)::
     file = "xeon-copy-edit.json"
     machine = "xeon"
     keys = ["hybrid"]                 # optional: only these strategies of the run
+    label = "+20 ms"                  # optional: what sets this run apart, after its prompts
     note = "optional, after the run's command"
 
 Per machine: the CPU as recorded (model, cores, the instruction sets llama.cpp was built with), one table
@@ -59,6 +60,7 @@ class Run:
     machine: str
     keys: tuple[str, ...] = ()  # only these results (all when empty)
     note: str = ""
+    label: str = ""  # shown after the prompts: what sets this run apart (a network delay, say)
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,13 @@ def load_list(path: str | Path) -> PageList:
     try:
         machines = tuple(Machine(**m) for m in data.get("machine", []))
         runs = tuple(
-            Run(path.parent / r["file"], r["machine"], tuple(r.get("keys", ())), r.get("note", ""))
+            Run(
+                path.parent / r["file"],
+                r["machine"],
+                tuple(r.get("keys", ())),
+                r.get("note", ""),
+                r.get("label", ""),
+            )
             for r in data.get("run", [])
         )
     except (KeyError, TypeError) as exc:
@@ -226,7 +234,8 @@ def _machine_section(machine: Machine, runs: list[tuple[Run, dict]], root: Path,
         for r in results:
             spread = r["speedup_spread"]
             lines.append(
-                f"| `{r['key']}` | {_prompts(doc)} | {_speedup(r['speedup'])} | "
+                f"| `{r['key']}` | {_prompts(doc)}{', ' + run.label if run.label else ''} | "
+                f"{_speedup(r['speedup'])} | "
                 f"{_num(spread['min'])}–{_num(spread['max'])} | {_num(r['mal'])} | "
                 f"{_num(r['verified_per_step'], 1)} | {_num(r['draft_decodes_per_step'])} | "
                 f"{_num(r['tokens_per_second'], 1)} ({_num(base, 1)}) | {number} |"

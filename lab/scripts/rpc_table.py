@@ -162,7 +162,7 @@ def main() -> int:
         for port in SERVER_PORTS:
             wait_port(port)
         with tempfile.TemporaryDirectory() as tmp:
-            jsonl = Path(tmp) / "prompts.jsonl"
+            jsonl = args.out / "rpc-prompts.jsonl"  # kept: the bench commands name it
             jsonl.write_text(
                 "".join(
                     json.dumps(
