@@ -1,5 +1,6 @@
-"""Installing without a C compiler: the row kernel is optional (setup.py), the package installs without it,
-and the numpy path it falls back to gives the same greedy tokens, end to end on the real pair."""
+"""Installing without a C compiler: edgespec is pure Python (numpy does the logits rows), so ``CC=false pip
+install`` of the source tree works, and the installed copy gives the same greedy tokens as this checkout,
+end to end on the real pair."""
 
 from __future__ import annotations
 
@@ -18,13 +19,13 @@ PROMPT = "Write a Python function that checks whether a number is prime."
 
 @pytest.fixture(scope="module")
 def no_compiler_install(tmp_path_factory) -> Path:
-    """``CC=false pip install`` of this source tree into a folder of its own: the kernel fails to compile."""
+    """``CC=false pip install`` of this source tree into a folder of its own: nothing may need compiling."""
     work = tmp_path_factory.mktemp("nocc")
     source = work / "src"
     source.mkdir()
     for name in ("edgespec", "tui"):
         shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("*.so", "__pycache__"))
-    for name in ("setup.py", "pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, source / name)
     target = work / "site"
     env = dict(os.environ, CC="false", CXX="false", LDSHARED="false")
@@ -35,12 +36,12 @@ def no_compiler_install(tmp_path_factory) -> Path:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert (target / "edgespec" / "engine" / "rows.py").is_file()
-    assert not list((target / "edgespec").rglob("_rows*.so")), "the kernel was built with CC=false"
+    assert not list((target / "edgespec").rglob("*.so")), "something was compiled with CC=false"
     return target
 
 
 def generate(strategy: str, pythonpath: str | None) -> tuple[dict, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "EDGESPEC_ROW_KERNEL")}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
     done = subprocess.run(
@@ -53,12 +54,11 @@ def generate(strategy: str, pythonpath: str | None) -> tuple[dict, str]:
 
 
 @pytest.mark.model
-def test_no_compiler_installs_and_dyspec_gives_the_kernels_greedy_tokens(no_compiler_install):
+def test_no_compiler_installs_and_dyspec_gives_this_checkouts_greedy_tokens(no_compiler_install):
     from realmodels import bundled_paths
 
     bundled_paths()  # skips with the fix when the pair is not installed
-    with_kernel, quiet = generate("dyspec", None)
-    without, notice = generate("dyspec", str(no_compiler_install))
-    assert "row kernel is not installed" in notice and "row kernel" not in quiet
-    assert without["tokens"] == with_kernel["tokens"]
-    assert without["stats"]["target_calls"] == with_kernel["stats"]["target_calls"]
+    here, _ = generate("dyspec", str(ROOT))
+    installed, _ = generate("dyspec", str(no_compiler_install))
+    assert installed["tokens"] == here["tokens"]
+    assert installed["stats"]["target_calls"] == here["stats"]["target_calls"]

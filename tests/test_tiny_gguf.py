@@ -2,10 +2,10 @@
 with a synthetic byte-level BPE tokenizer and a ChatML template (``randomgguf.write_tiny_gguf``), written
 once per session in well under a second.
 
-Target and draft are the same file, so every strategy accepts. The compiled row kernel and numpy
-(``EDGESPEC_ROW_KERNEL=numpy``) take the same steps on it — tokens, trees, accepted paths, and the
-draft distributions the planners saw — and greedy speculation equals plain decoding: the seed's greedy
-choices win by ≥ 0.013 logits, where a batch's rows and single-token rows differ by ≤ 5e-4."""
+Target and draft are the same file, so every strategy accepts. The row reductions on llama.cpp's own
+logits buffer equal a full sort and a float64 softmax of the same rows, and greedy speculation equals
+plain decoding: the seed's greedy choices win by ≥ 0.013 logits, where a batch's rows and single-token
+rows differ by ≤ 5e-4."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import randomgguf as R
 from realmodels import chat_prompt
+from sampling_reference import full_vocabulary_top_k
 
 from edgespec.decoding import decoder
 from edgespec.decoding.decoder import Request, generate
@@ -60,54 +61,35 @@ def test_the_command_line_writes_the_same_file(tiny_gguf, tmp_path):
     assert (tmp_path / "cli.gguf").read_bytes() == Path(tiny_gguf).read_bytes()  # the seed decides all
 
 
-def steps(pair, strategy: str, prompt: list[int]) -> tuple[list, list, list]:
-    """A greedy generation: each step's exact facts and its floats (compared within 1e-6), and every
-    distribution ``draft_dists`` gave (the draft's, and the target's root candidates)."""
-    dists = []
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_the_rows_read_from_llama_cpp_reduce_as_the_full_vocabulary_reference(tiny_pair, strategy):
+    """Every ``draft_dists`` call of a generation (the draft's levels, the target's root candidates), on
+    the rows as llama.cpp's logits buffer holds them: the ids and probabilities of a full sort and a
+    float64 softmax of the same rows."""
+    calls = []
 
-    def recording(*args, **kwargs):
-        found = row_module.draft_dists(*args, **kwargs)
-        dists.extend(found)
+    def recording(logits_rows, k, temperature, vocab_limit, exclude=()):
+        found = row_module.draft_dists(logits_rows, k, temperature, vocab_limit, exclude)
+        calls.append((np.array(logits_rows), k, temperature, vocab_limit, found))
         return found
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(draft_module, "draft_dists", recording)
         patch.setattr(decoder, "draft_dists", recording)
-        events = list(generate(pair, make_planner(strategy, {"budget": 12}), Request(prompt, TOKENS)))
-    exact = [
-        (
-            [(t.id, t.provenance) for t in e.tokens],
-            e.accepted_path,
-            e.tree and (e.tree.token_ids, e.tree.parent_ids),
-            e.verified_nodes,
-            e.draft_decodes,
-            e.accepted,
-        )
-        for e in events
-    ]
-    floats = [([t.margin for t in e.tokens], e.expected_accept) for e in events]
-    return exact, floats, dists
-
-
-@pytest.mark.parametrize("strategy", STRATEGIES)
-def test_the_compiled_kernel_and_numpy_take_the_same_steps(tiny_pair, strategy, monkeypatch):
-    runs = {}
-    for which in ("kernel", "numpy"):
-        row_module.kernel.cache_clear()
-        monkeypatch.setenv("EDGESPEC_ROW_KERNEL", which)
-        assert (row_module.kernel() is None) == (which == "numpy"), "the compiled row kernel was not built"
-        runs[which] = [steps(tiny_pair, strategy, chat_prompt(tiny_pair, text)) for text in PROMPTS]
-    row_module.kernel.cache_clear()
-    for (exact_c, floats_c, dists_c), (exact_n, floats_n, dists_n) in zip(runs["kernel"], runs["numpy"]):
-        assert exact_c == exact_n
-        assert sum(len(e[0]) for e in exact_c) == TOKENS and sum(e[5] for e in exact_c) > 0
-        for (margins_c, expected_c), (margins_n, expected_n) in zip(floats_c, floats_n):
-            np.testing.assert_allclose(margins_c, margins_n, rtol=0, atol=1e-6)
-            assert expected_c == pytest.approx(expected_n, abs=1e-5)
-        assert len(dists_c) == len(dists_n) > 0
-        for c, n in zip(dists_c, dists_n):
-            np.testing.assert_array_equal(c.ids, n.ids)
-            np.testing.assert_allclose(c.probs, n.probs, rtol=0, atol=1e-6)
+        for text in PROMPTS:
+            list(
+                generate(
+                    tiny_pair,
+                    make_planner(strategy, {"budget": 12}),
+                    Request(chat_prompt(tiny_pair, text), TOKENS),
+                )
+            )
+    assert calls
+    for rows, k, temperature, vocab_limit, found in calls:
+        ids, probs = full_vocabulary_top_k(rows, k, temperature, vocab_limit)
+        for r, dist in enumerate(found):
+            np.testing.assert_array_equal(dist.ids, ids[r])
+            np.testing.assert_allclose(dist.probs, probs[r], rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

@@ -1,68 +1,32 @@
 """The logits-row reductions both models need, right after each decode: the draft's top-K candidates
 with their full-softmax probabilities (``draft_dists``), the target's argmax with its top-1 − top-2
-margin (``argmax_margin``).
+margin (``argmax_margin``). numpy, a few passes over each row and none that sorts it.
 
-Each has two implementations of one definition: the optional compiled kernel (``_rows.c`` over
-``_row_kernels.h``: one read of a row gives its block maxima — the max, and a floor under the top K —
-and, at T = 1, the normaliser, with a vectorised float32 exp), and numpy, used where the kernel was not
-built (no C compiler at install), is stale (another ``ABI``), or ``EDGESPEC_ROW_KERNEL=numpy`` asks for
-it. The same ids in the same order either way; probabilities agree within 1e-6 (tests/test_sampling.py).
-The kernel touches no llama.cpp structure: it reads float32 rows through the buffer protocol.
+A compiled kernel did these until it was measured: on the bundled pair at 1 thread (Xeon, AVX-512)
+``generate --strategy dyspec|opt-tree --budget 16`` ran 0.4 % and 1.2 % faster with it than with the
+numpy it replaced, under the 5 % a second implementation must buy (docs/development.md).
 """
 
 from __future__ import annotations
 
-import os
-import warnings
 from collections.abc import Sequence
-from functools import cache
 
 import numpy as np
 
 from ..planner.tree import SparseDist
 
 _NO_IDS = np.zeros(0, dtype=np.int32)
-KERNEL_ABI = 2  # the calling convention of _rows.c this module speaks (its ``ABI`` constant)
-
-
-class KernelWarning(UserWarning):
-    """The compiled row kernel is missing or stale: numpy computes the rows instead (printed once)."""
-
-
-@cache
-def kernel():
-    """The compiled row kernel, or None for the numpy path (with a one-line notice why, once)."""
-    if os.environ.get("EDGESPEC_ROW_KERNEL", "").lower() == "numpy":
-        return None
-    try:
-        from . import _rows
-    except ImportError:
-        warnings.warn(
-            "the compiled row kernel is not installed (no C compiler when edgespec was installed): rows are "
-            "reduced in numpy, drafting trees is a little slower. Reinstall with a C compiler to build it.",
-            KernelWarning, stacklevel=2,
-        )  # fmt: skip
-        return None
-    if getattr(_rows, "ABI", None) != KERNEL_ABI:
-        warnings.warn(
-            f"the compiled row kernel is stale (ABI {getattr(_rows, 'ABI', None)}, this edgespec speaks "
-            f"{KERNEL_ABI}): using numpy instead. Reinstall edgespec (pip install -e .) to rebuild it.",
-            KernelWarning, stacklevel=2,
-        )  # fmt: skip
-        return None
-    return _rows
+BLOCK = 256  # logits per block when bounding the top K from below by block maxima
 
 
 def argmax_margin(logits_row: np.ndarray) -> tuple[int, float]:
     """The target's greedy token (the first maximum, as ``np.argmax``) and top-1 minus top-2 logit: how
     close that decision was to a tie (0 when the top is shared)."""
-    rows = kernel()
-    if rows is not None:
-        return rows.argmax_margin(logits_row)
     best = int(np.argmax(logits_row))
     if logits_row.shape[0] < 2:
         return best, 0.0
-    second = np.partition(logits_row, -2)[-2]  # the second largest (equal to the first on a shared top)
+    # the largest logit at any other id: equal to the best one when the top is shared
+    second = max(logits_row[:best].max(initial=-np.inf), logits_row[best + 1 :].max(initial=-np.inf))
     return best, float(logits_row[best]) - float(second)
 
 
@@ -75,37 +39,51 @@ def draft_dists(
     probabilities only rank and estimate acceptance). Ids ≥ ``vocab_limit`` (tokens the target's
     vocabulary lacks) and ids in ``exclude`` (ParallelSpec's [MASK] tokens) are never proposed.
     Candidates are ordered by logit, descending; equal logits by id, ascending — exactly
-    ``np.argsort(-row, kind="stable")`` without the excluded ids, cut to k. Probabilities are within
-    7e-7 of the float64 softmax, 3e-7 at T = 1 (the bound is in ``_row_kernels.h``).
+    ``np.argsort(-row, kind="stable")`` without the excluded ids, cut to k. Probabilities are
+    p_i = exp((l_i − m)/T) / Σ_v exp((l_v − m)/T), m the row's maximum, with the sum's terms in float32
+    (each within 1 ulp) added in float64: within 1e-6 of the float64 softmax.
     """
     rows = logits_rows[:, :vocab_limit]  # (R, V) float32, usually a view of llama.cpp's buffer
+    n_rows, vocab = rows.shape
     banned = np.unique(np.asarray(exclude, dtype=np.int32)) if len(exclude) else _NO_IDS
-    k = min(k, rows.shape[1])
-    ids = np.empty((rows.shape[0], k), dtype=np.int32)
-    probs = np.empty((rows.shape[0], k), dtype=np.float64)
-    compiled = kernel()
-    if compiled is not None:
-        found = compiled.top_k(rows, k, temperature, banned, ids, probs)  # k unless exclude leaves fewer
-    else:
-        found = min(k, rows.shape[1] - int(np.count_nonzero(banned < rows.shape[1])))
-        for r, row in enumerate(rows):
-            ids[r, :found], probs[r, :found] = _top_k_numpy(row, found, temperature, banned)
-    return [SparseDist(ids=ids[r, :found], probs=probs[r, :found]) for r in range(rows.shape[0])]
-
-
-def _top_k_numpy(row: np.ndarray, k: int, temperature: float, banned: np.ndarray):
-    """``draft_dists`` of one row in numpy: the ids of the k largest logits not banned (ties by id), and
-    their full-softmax probabilities p_i = exp((l_i − m)/T) / Σ_v exp((l_v − m)/T), in float64."""
-    if k == 0:
-        return _NO_IDS, np.zeros(0)
-    # Every id whose logit reaches the (k + banned)-th largest: the top k allowed ids are among them,
-    # ties at the edge included; then sort those few by (−logit, id).
-    pool = min(k + banned.shape[0], row.shape[0])
-    floor = np.partition(row, -pool)[-pool]
-    candidates = np.flatnonzero(row >= floor)
-    candidates = candidates[~np.isin(candidates, banned)]
-    top = candidates[np.lexsort((candidates, -row[candidates]))][:k]
-    scaled = row.astype(np.float64) / temperature
-    peak = scaled.max()
-    log_norm = peak + np.log(np.exp(scaled - peak).sum())  # log Σ_v exp(l_v / T)
-    return top.astype(np.int32), np.exp(scaled[top] - log_norm)
+    found = min(k, vocab - int(np.count_nonzero(banned < vocab)))  # k unless exclude leaves fewer
+    if n_rows == 0 or found <= 0:
+        return [SparseDist(ids=_NO_IDS, probs=np.zeros(0)) for _ in range(n_rows)]
+    pool = min(found + banned.shape[0], vocab)  # the top `pool` logits hold the top `found` allowed ids
+    # Block maxima: the row's maximum m, and a floor under its top `pool` — the pool-th largest block
+    # maximum (each of the pool best blocks holds a logit at least that large). Only blocks whose
+    # maximum reaches the floor can hold a top id: about `pool` of them, read again below.
+    whole = vocab - vocab % BLOCK
+    block_max = rows[:, :whole].reshape(n_rows, -1, BLOCK).max(axis=2)
+    if whole < vocab:
+        block_max = np.concatenate([block_max, rows[:, whole:].max(axis=1, keepdims=True)], axis=1)
+    peak = block_max.max(axis=1)
+    if pool <= block_max.shape[1]:
+        floor = np.partition(block_max, -pool, axis=1)[:, -pool]
+    else:  # fewer blocks than ids wanted: every id is a candidate
+        floor = rows.min(axis=1)
+    # Σ_v exp((l_v − m)/T): float32 terms, a float64 sum
+    shifted = np.subtract(rows, peak[:, None], dtype=np.float32)
+    if temperature != 1.0:
+        shifted *= np.float32(1.0 / temperature)
+    norm = np.exp(shifted, out=shifted).sum(axis=1, dtype=np.float64)
+    block_row, block = np.nonzero(block_max >= floor[:, None])
+    ids = (block[:, None] * BLOCK + np.arange(BLOCK)).ravel()  # every id of those blocks
+    row_of = np.repeat(block_row, BLOCK)
+    inside = ids < vocab  # the last block may be short
+    row_of, ids = row_of[inside], ids[inside]
+    keep = rows[row_of, ids] >= floor[row_of]  # every id reaching the floor, ties included
+    row_of, ids = row_of[keep], ids[keep]
+    if banned.shape[0]:
+        allowed = ~np.isin(ids, banned)
+        row_of, ids = row_of[allowed], ids[allowed]
+    logits = rows[row_of, ids]
+    order = np.lexsort((ids, -logits, row_of))  # by row, then logit descending, then id ascending
+    row_of, ids, logits = row_of[order], ids[order], logits[order]
+    starts = np.searchsorted(row_of, np.arange(n_rows))
+    out = []
+    for r in range(n_rows):
+        top = slice(starts[r], starts[r] + found)
+        scaled = (logits[top].astype(np.float64) - float(peak[r])) / temperature
+        out.append(SparseDist(ids=ids[top].astype(np.int32), probs=np.exp(scaled) / norm[r]))
+    return out

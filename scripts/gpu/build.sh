@@ -2,8 +2,7 @@
 # On the GPU machine: build llama.cpp's shared libraries with CUDA from gpu-kit/llama.cpp into
 # gpu-kit/lib (what LLAMA_CPP_LIB_PATH points the llama_cpp bindings at). Incremental: a second call
 # reuses gpu-kit/build. CUDA=OFF builds the CPU libraries instead (to test the kit without a GPU).
-# Also compiles edgespec's one optional C extension (edgespec/engine/_rows.c, the logits-row kernels) in
-# place: the kit runs edgespec from this source tree, not installed.
+# The kit runs edgespec (pure Python) from this source tree, not installed.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 KIT=gpu-kit
@@ -17,8 +16,3 @@ cmake --build "$KIT/build" --target llama -j "$(nproc)" >&2
 mkdir -p "$KIT/lib"
 find "$KIT/build" \( -name 'libllama.so*' -o -name 'libggml*.so*' \) -exec cp -P {} "$KIT/lib/" \;
 ls "$KIT/lib"
-# the row kernels, with setup.py's flags (no setuptools needed here); without them edgespec uses numpy
-PY_INCLUDE=$(${PYTHON:-python} -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
-PY_SUFFIX=$(${PYTHON:-python} -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
-${CC:-cc} -O3 -fno-trapping-math -fno-math-errno -Wno-psabi -shared -fPIC -I"$PY_INCLUDE" \
-  edgespec/engine/_rows.c -o "edgespec/engine/_rows$PY_SUFFIX"
