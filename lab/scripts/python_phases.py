@@ -2,9 +2,9 @@
 llama_decode taken out (wrappers around the engine's and decoder's functions; a phase's time excludes
 the phases it calls).
 
-    OMP_NUM_THREADS=1 python scripts/python_phases.py chain '{"gamma": 4}' [max_tokens] [prompt]
-    OMP_NUM_THREADS=1 python scripts/python_phases.py auto '{}' 128 "Write the opening of a short story …"
-    OMP_NUM_THREADS=1 python scripts/python_phases.py plain '{}' 128 "…"     # plain decoding, for reference
+    OMP_NUM_THREADS=1 python lab/scripts/python_phases.py chain '{"gamma": 4}' [max_tokens] [prompt]
+    OMP_NUM_THREADS=1 python lab/scripts/python_phases.py auto '{}' 128 "Write the opening of a short story …"
+    OMP_NUM_THREADS=1 python lab/scripts/python_phases.py plain "{}" 128 "…"  # plain, for reference
 
 Run it on a quiet machine with 1 thread: the figures are a few hundred microseconds per call.
 """
@@ -19,6 +19,7 @@ from edgespec.decoding.chat import ChatSettings, Message, prompt_tokens
 from edgespec.engine import _llama, draft, runners
 from edgespec.engine.pair import EngineSettings
 from edgespec.models.pairs import open_pair, resolve_pair
+from edgespec.planner import tree as tree_mod
 from edgespec.strategy import StrategyChoice, make_planner
 
 PROMPT = "Write a Python function that checks whether a string is a palindrome, with tests."
@@ -28,9 +29,8 @@ open_phases: list[float] = []  # per open phase: time spent in the phases (and d
 
 
 def timed(owner, name: str, label: str, decodes_in_c: bool = False) -> None:
-    """Time ``owner.name`` as phase ``label``. ``decodes_in_c``: a Context method that decodes in C (the
-    compiled chain and DySpec tree), whose decode time (what it adds to ``decode_seconds``) counts as
-    llama_decode's."""
+    """Time ``owner.name`` as phase ``label``. ``decodes_in_c``: a Context method that decodes inside
+    (its decode time, what it adds to ``decode_seconds``, counts as llama_decode's)."""
     inner_fn = getattr(owner, name)
 
     def wrapper(*args, **kwargs):
@@ -60,8 +60,10 @@ for owner, name, label in [
     (_llama.Context, "_fill_and_decode", "batch fill"),
     (_llama.Context, "seq_cp", "seq_cp"),
     (_llama.Context, "seq_rm", "seq_rm"),
+    (draft, "draft_dists", "draft_dists (top-k rows)"),
+    (decoder, "argmax_margin", "argmax_margin"),
     (draft.Draft, "expand", "Draft.expand"),
-    (draft.Draft, "_adopt", "Draft._adopt (a compiled tree's bookkeeping)"),
+    (draft.Draft, "_decode_level", "Draft._decode_level"),
     (runners.Target, "verify", "Target.verify (pack)"),
     (runners.Target, "commit", "Target.commit"),
     (draft.Draft, "commit", "Draft.commit"),
@@ -69,15 +71,9 @@ for owner, name, label in [
     (decoder, "provenance", "provenance (+ margins)"),
     (decoder, "plan", "planner"),
     (decoder, "speculative_step", "step (the rest)"),
+    (tree_mod.TreeBuilder, "freeze", "TreeBuilder.freeze"),
 ]:
     timed(owner, name, label)
-timed(_llama.Context, "greedy_chain", "compiled chain (its decodes out)", decodes_in_c=True)
-timed(_llama.Context, "greedy_tree", "compiled DySpec tree (its decodes out)", decodes_in_c=True)
-timed(_llama.Context, "opt_tree", "compiled OPT-Tree levels (their decodes out)", decodes_in_c=True)
-timed(_llama.Context, "decode_top_k", "compiled level + top-k (its decode out)", decodes_in_c=True)
-timed(_llama.Context, "greedy_verify", "compiled verify (its decode out)", decodes_in_c=True)
-timed(runners.Target, "verify_greedy", "Target.verify_greedy (pack)")
-
 name, params = sys.argv[1], json.loads(sys.argv[2])
 max_tokens = int(sys.argv[3]) if len(sys.argv) > 3 else 128
 PROMPT = sys.argv[4] if len(sys.argv) > 4 else PROMPT
