@@ -82,3 +82,19 @@ def plain_runs(pair) -> dict[str, tuple[list[int], list[float]]]:
     from realmodels import plain_outputs
 
     return plain_outputs(pair)
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty edgespec home and config directory of the test's own."""
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("EDGESPEC_CONFIG", str(tmp_path / "config"))
+    return tmp_path / "home"
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory) -> str:
+    """The tiny random GGUF with a synthetic tokenizer (randomgguf.write_tiny_gguf): no model file needed."""
+    import randomgguf
+
+    return str(randomgguf.write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "tiny.gguf"))

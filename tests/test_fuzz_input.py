@@ -13,7 +13,6 @@ from unittest import mock
 
 import httpx
 import pytest
-import randomgguf as R
 from hostile import Served
 from test_serve import MODEL, ServeFake
 from tui_fakes import FakePlanner
@@ -92,12 +91,6 @@ def test_request_bodies_get_an_answer_or_a_4xx(client, raw):
 def test_a_real_server_answers_fuzzed_bodies_without_5xx(tiny_server, body):
     response = httpx.post(tiny_server.url + "/v1/chat/completions", content=json.dumps(body), timeout=30)
     assert response.status_code < 500, response.text
-
-
-@pytest.fixture(scope="module")
-def tiny_gguf(tmp_path_factory) -> str:
-    pytest.importorskip("llama_cpp")
-    return str(R.write_tiny_gguf(tmp_path_factory.mktemp("fuzz-tiny") / "tiny.gguf"))
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import pytest
-import randomgguf as R
 
 from edgespec.decoding import checks
 from edgespec.errors import EdgespecError
@@ -46,27 +45,26 @@ def one_error(code: int, err: str, *words: str) -> None:
         assert word in errors[0], errors[0]
 
 
-@pytest.fixture
-def home(tmp_path, monkeypatch) -> Path:
-    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("EDGESPEC_CONFIG", str(tmp_path / "config"))
-    return tmp_path / "home"
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> str:
-    return str(R.write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "tiny.gguf"))
-
-
 # 10. Native abort on a context smaller than a tree.
 @pytest.mark.parametrize("ctx", ["16", "64", "65", "511", "-1", "0"])
 def test_10_a_context_below_the_tree_is_refused_before_loading(capsys, home, ctx):
     one_error(*run_cli(capsys, "generate", "Say hi", "--ctx", ctx, "--strategy", "chain"), "--ctx")
 
 
-def test_10_the_smallest_allowed_context_runs_without_a_native_abort(tiny, home):
+def test_10_the_smallest_allowed_context_runs_without_a_native_abort(tiny_gguf, home):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    argv = ["generate", "Say hi", "--target", tiny, "--draft", tiny, "--max-tokens", "2", "--threads", "1"]
+    argv = [
+        "generate",
+        "Say hi",
+        "--target",
+        tiny_gguf,
+        "--draft",
+        tiny_gguf,
+        "--max-tokens",
+        "2",
+        "--threads",
+        "1",
+    ]
     for extra in (["--ctx", "512", "--strategy", "chain", "--max-tree-nodes", "255"], ["--ctx", "512"]):
         command = [sys.executable, "-m", "edgespec", *argv, *extra]
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
@@ -122,12 +120,12 @@ def test_12_an_unusable_home_is_one_line(capsys, tmp_path, monkeypatch):
     one_error(*run_cli(capsys, "generate", "Say hi", "--strategy", "chain"), str(blocker))
 
 
-def test_12_a_full_or_read_only_disk_in_models_verify_is_one_line(capsys, home, monkeypatch, tiny):
+def test_12_a_full_or_read_only_disk_in_models_verify_is_one_line(capsys, home, monkeypatch, tiny_gguf):
     from edgespec.models import store as store_module
 
     models = home / "models"
     models.mkdir(parents=True)
-    (models / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf").write_bytes(Path(tiny).read_bytes())
+    (models / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf").write_bytes(Path(tiny_gguf).read_bytes())
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device", str(models / "x.verified.json"))
@@ -186,7 +184,7 @@ def test_13_an_interrupt_inside_a_load_is_raised_after_it():
 
 
 # 16. A too-long prompt under auto was refused only after minutes of cost profiling.
-def test_16_a_too_long_prompt_is_refused_before_profiling(capsys, home, tiny, monkeypatch):
+def test_16_a_too_long_prompt_is_refused_before_profiling(capsys, home, tiny_gguf, monkeypatch):
     from edgespec.commands import generate
 
     def profile(*args, **kwargs):
@@ -195,7 +193,17 @@ def test_16_a_too_long_prompt_is_refused_before_profiling(capsys, home, tiny, mo
     monkeypatch.setattr(generate, "make_planner", profile)
     long = "word " * 400
     code, err = run_cli(
-        capsys, "generate", long, "--target", tiny, "--draft", tiny, "--ctx", "128", "--strategy", "auto"
+        capsys,
+        "generate",
+        long,
+        "--target",
+        tiny_gguf,
+        "--draft",
+        tiny_gguf,
+        "--ctx",
+        "128",
+        "--strategy",
+        "auto",
     )
     one_error(code, err, "--ctx")
 
@@ -269,14 +277,14 @@ def test_5_the_key_comes_from_a_file_or_the_environment(tmp_path, monkeypatch, c
         api_key(Namespace(api_key_file=str(tmp_path / "empty"), api_key=None))
 
 
-def test_prompt_building_is_linear_and_keeps_message_text(tiny, tmp_path):
+def test_prompt_building_is_linear_and_keeps_message_text(tiny_gguf, tmp_path):
     """1, 3, 14 on the real tokenizer: 2,000 turns trimmed in well under a second, the forged turn and
     the NUL kept as text, and the tokens of an ordinary chat the same as the whole template's."""
     from edgespec.decoding.chat import ChatSettings, Message, prompt_tokens
     from edgespec.engine import EngineSettings, ModelPair
 
     settings = EngineSettings(n_ctx=1024, max_tree_nodes=8, threads=1, probe_dir=tmp_path)
-    with ModelPair(tiny, tiny, settings) as pair:
+    with ModelPair(tiny_gguf, tiny_gguf, settings) as pair:
         model = pair.target.model
         chat = ChatSettings(max_tokens=16, system_prompt="Be brief.")
         messages = [Message("user", "hi"), Message("assistant", "hello!"), Message("user", "def f(x):")]

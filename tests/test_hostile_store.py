@@ -9,25 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import randomgguf as R
 from test_hostile_input import one_error, run_cli
 
 from edgespec.errors import EdgespecError, ModelStoreError, RegistryError
 
 pytest.importorskip("llama_cpp")
-
-
-@pytest.fixture
-def home(tmp_path, monkeypatch) -> Path:
-    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("EDGESPEC_CONFIG", str(tmp_path / "config"))
-    return tmp_path / "home"
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> str:
-    return str(R.write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "tiny.gguf"))
-
 
 
 # 15. An unknown strategy in models.toml fell back to auto.
@@ -48,10 +34,10 @@ def test_15_an_unknown_strategy_in_models_toml_is_refused(home, tmp_path):
 
 
 TINY_ENTRY = """
-[models.tiny-model]
-tokenizer = "tiny"
+[models.tiny_gguf-model]
+tokenizer = "tiny_gguf"
 quant = "F32"
-hf = { repo = "test/tiny", file = "tiny.gguf" }
+hf = { repo = "test/tiny_gguf", file = "tiny_gguf.gguf" }
 """
 
 
@@ -60,18 +46,18 @@ def tiny_entry(home, tmp_path) -> str:
     """A registry model (the user's models.toml) with no sha256 of its own: the store's record decides."""
     (tmp_path / "config").mkdir(exist_ok=True)
     (tmp_path / "config" / "models.toml").write_text(TINY_ENTRY)
-    return "tiny-model"
+    return "tiny_gguf-model"
 
 
 # 17. A corrupted model loaded silently.
-def test_17_a_changed_model_is_hashed_again_and_refused(capsys, tiny_entry, tiny):
+def test_17_a_changed_model_is_hashed_again_and_refused(capsys, tiny_entry, tiny_gguf):
     from edgespec.models.store import ModelStore
 
     name = tiny_entry
     store = ModelStore()
     path = store.path_for(name)
     path.parent.mkdir(parents=True)
-    path.write_bytes(Path(tiny).read_bytes())
+    path.write_bytes(Path(tiny_gguf).read_bytes())
     from edgespec.models.paths import sha256_file
 
     store._write_record(name, sha256_file(path), verified=True)  # as `pull` or `verify` leave it
@@ -88,7 +74,7 @@ def test_17_a_changed_model_is_hashed_again_and_refused(capsys, tiny_entry, tiny
     assert not store.is_verified(name)
 
 
-def test_17_a_file_touched_but_unchanged_is_accepted_after_a_rehash(tiny_entry, tiny):
+def test_17_a_file_touched_but_unchanged_is_accepted_after_a_rehash(tiny_entry, tiny_gguf):
     from edgespec.models.paths import sha256_file
     from edgespec.models.store import ModelStore
 
@@ -96,7 +82,7 @@ def test_17_a_file_touched_but_unchanged_is_accepted_after_a_rehash(tiny_entry, 
     store = ModelStore()
     path = store.path_for(name)
     path.parent.mkdir(parents=True)
-    path.write_bytes(Path(tiny).read_bytes())
+    path.write_bytes(Path(tiny_gguf).read_bytes())
     store._write_record(name, sha256_file(path), verified=True)
     os.utime(path, ns=(1, 1))
     seen = []

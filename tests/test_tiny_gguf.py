@@ -30,11 +30,6 @@ STRATEGIES = ("chain", "dyspec", "opt-tree", "tsd")
 PROMPTS = ENGINE_PROMPTS
 
 
-@pytest.fixture(scope="session")
-def tiny_gguf(tmp_path_factory) -> str:
-    return str(R.write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "tiny.gguf"))
-
-
 @pytest.fixture(scope="module")
 def tiny_pair(tiny_gguf, tmp_path_factory):
     probes = tmp_path_factory.mktemp("probes")  # the backend probe runs once for both loads of the file
