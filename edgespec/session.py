@@ -90,6 +90,11 @@ class ChatEngine(Protocol):
         answer (``edgespec serve --no-prompt-cache``)."""
         ...
 
+    def idle(self) -> bool:
+        """Between replies: a little of the work the next reply would start with (the draft reading
+        the last reply), at most a fraction of a second; True while more is left."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -252,6 +257,17 @@ class PairEngine:
             self.pair.forget()  # a failed step may leave the caches out of step with their bookkeeping
             raise
 
+    def idle(self, chunk: int = 32) -> bool:
+        """The draft reads ``chunk`` more tokens of the last reply (the draft skips what it need not
+        draft, and the next prompt's first token would otherwise wait for it to catch up)."""
+        if self.pair.draft is None:
+            return False
+        try:
+            return self.pair.draft.absorb(chunk)
+        except Exception:
+            self.pair.forget()  # as after a failed step: the next reply starts from empty caches
+            return False
+
     def cache_info(self) -> dict:
         """The prompt cache: saved conversations, their bytes, the budget, saves and restores."""
         return {**self.cache.info(), "live_tokens": self.context_used()}
@@ -299,6 +315,10 @@ class ChatSession:
         """A raw prompt's continuation, or fill in the middle (see ``ChatEngine.complete``)."""
         self._begin()
         return self.engine.complete(self.planner, prompt, settings, cancel, stats)
+
+    def idle(self) -> bool:
+        """Work ahead between replies (``ChatEngine.idle``); nothing without the prompt cache."""
+        return self.prompt_cache and self.engine.idle()
 
     def _begin(self) -> None:
         if not self.prompt_cache:

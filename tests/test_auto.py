@@ -260,8 +260,8 @@ def test_auto_on_a_cpu_profile_never_touches_the_draft():
     tokens, events = _tokens(pair, AutoPlanner(costs=CPU))
     assert tokens == plain
     assert all(e.drafted == 0 and e.draft_decodes == 0 for e in events)
-    assert pair.draft.ctx.decodes == decodes_before + 1  # the prompt (in generate), then nothing
-    assert len(pair.draft.pending) == len(plain) + 1  # the draft would catch up in one batch later
+    assert pair.draft.ctx.decodes == decodes_before + 1  # the prompt (after the first token), then nothing
+    assert len(pair.draft.pending) == len(plain)  # the answer: the draft would catch up in one batch later
 
 
 def test_auto_samples_on_the_engine():

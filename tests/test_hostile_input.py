@@ -215,6 +215,9 @@ def test_7_cancelled_waiting_jobs_give_their_place_up():
     gate, started = threading.Event(), threading.Event()
 
     class Blocking:
+        def idle(self) -> bool:
+            return False
+
         def forget(self):
             pass
 

@@ -39,6 +39,9 @@ class Scripted:
     def prepare(self, planner, on_progress):
         pass
 
+    def idle(self) -> bool:
+        return False
+
     def forget(self):
         pass
 

@@ -96,3 +96,32 @@ def test_greedy_speculation_equals_plain_decoding(tiny_pair, strategy):
         events = list(generate(tiny_pair, make_planner(strategy, {"budget": 12}), request))
         assert [t.id for e in events for t in e.tokens] == [t.id for t in plain]
         assert sum(e.accepted for e in events) > 0
+
+
+
+def test_the_first_token_waits_for_the_target_alone_and_the_draft_reads_the_reply_between_replies(
+    tiny_pair,
+):
+    """A reply's first step decodes nothing on the draft (the prompt's new part is read with the second
+    step's first level), and ``Draft.absorb`` between replies leaves only the new message for the next
+    one: with or without it, the next reply's tokens are plain decoding's."""
+    planner = make_planner("chain", {"budget": 6})
+    draft = tiny_pair.draft
+    first = chat_prompt(tiny_pair, PROMPTS[0])
+    for absorb in (False, True):
+        tiny_pair.forget()  # a new conversation
+        events = list(generate(tiny_pair, planner, Request(first, TOKENS)))
+        assert events[0].draft_decodes == 0 and len(events[0].tokens) == 1
+        assert events[1].draft_decodes > 0 and sum(e.accepted for e in events) > 0
+        reply = [t.id for e in events for t in e.tokens]
+        while absorb and draft.absorb(2):
+            pass
+        assert len(draft.pending) <= 1 or not absorb
+        follow_up = first + reply + chat_prompt(tiny_pair, PROMPTS[1])[1:]
+        lag = len(follow_up) - 1 - len(draft.committed)
+        events = list(generate(tiny_pair, planner, Request(follow_up, TOKENS)))
+        assert events[0].draft_decodes == 0 and events[1].draft_decodes > 0
+        plain = [t.id for e in generate(tiny_pair, None, Request(follow_up, TOKENS)) for t in e.tokens]
+        assert [t.id for e in events for t in e.tokens] == plain
+        if absorb:
+            assert lag < len(chat_prompt(tiny_pair, PROMPTS[1]))  # only the new message was left to read

@@ -86,6 +86,9 @@ class FakeEngine:
     def context_used(self) -> int:
         return self.used
 
+    def idle(self) -> bool:
+        return False
+
     def forget(self) -> None:
         self.used = 0
 

@@ -16,7 +16,7 @@ from time import perf_counter
 import numpy as np
 
 from ..engine.rows import argmax_margin, draft_dists
-from ..planner.tree import DraftTree, PlanContext, Planner, SparseDist
+from ..planner.tree import DraftTree, PlanContext, Planner, SparseDist, TreeBuilder
 from .events import EmittedToken, Provenance, StepEvent, StepTimings
 from .sampling import SamplingParams, sample, target_probs
 from .text import Detokenizer, StopStrings
@@ -49,27 +49,38 @@ def generate(
     cached = pair.target.sync(request.prompt[:-1])  # the prompt's start the cache held already
     if planner is not None and planner.needs_draft:
         pair.set_up_draft(planner.draft_setup())  # the plain draft, or a parallel drafter (ParallelSpec)
-        pair.draft.sync(request.prompt)
+        pair.draft.defer(request.prompt)  # read with the first draft level, after the first token
     prefill = perf_counter() - start
     root = int(request.prompt[-1])
     detok = Detokenizer(pair.target.model.piece)
     stops = StopStrings(request.stop)
     produced, fresh = 0, True
+    first, reading = True, False  # reading: the draft reads the prompt before the next step
+    lagging = planner is not None and planner.needs_draft and len(pair.draft.pending) > 1
     while True:
         if cancel is not None and cancel.is_set():
             yield _finish("cancelled", stops.flush())
             return
+        if reading:  # all but the new root, as ``Draft.sync`` would have before the first token
+            while pair.draft.absorb(pair.draft.ctx.settings.n_batch):
+                pass
         room = pair.target.n_ctx - len(pair.target.committed)
         if room < 1:
             yield _finish("context", stops.flush())
             return
         if planner is None:
             step = plain_step(pair.target, root, request.sampling, rng)
+        elif first and lagging and not planner.weighs_catch_up:
+            # The draft has yet to read the prompt's new part (a new conversation, or the last reply
+            # and the new message): the first token comes from the target alone, and the draft reads
+            # the prompt after it is out, so the time to the first token is the target's prefill only.
+            step = speculative_step(pair, _FIRST_TOKEN, root, request.sampling, rng, max_nodes=1)
         else:
             step = speculative_step(
                 pair, planner, root, request.sampling, rng, max_nodes=min(room, pair.max_nodes), fresh=fresh
             )
-        root, fresh = step.next_root, False
+            fresh = False  # the planner's first step of this request is behind us
+        root, first, reading = step.next_root, False, first and lagging
         tokens, finish = _cut(step.tokens, pair.target.model, request.max_tokens - produced)
         produced += len(tokens)
         text = stops.feed("".join(detok.push(t.id) for t in tokens))
@@ -147,6 +158,24 @@ class _NoDraft:
 
     def commit(self, tree: DraftTree, path: Sequence[int], next_token: int) -> None:
         pass
+
+
+class _FirstToken:
+    """The planner of a reply's first step while the draft has yet to read the prompt: the root
+    alone (plain decoding; the draft queues the token as its next root)."""
+
+    name = "first-token"
+    needs_draft = True
+    needs_target_root = False
+
+    def plan(self, root_token: int, drafter, ctx: PlanContext) -> DraftTree:
+        return TreeBuilder(root_token).freeze()
+
+    def observe(self, event) -> None:
+        pass
+
+
+_FIRST_TOKEN = _FirstToken()
 
 
 def speculative_step(

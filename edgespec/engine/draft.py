@@ -10,7 +10,7 @@ from time import perf_counter
 from ..planner.tree import DraftTree, SparseDist, TreeBuilder
 from ._llama import Context
 from .rows import draft_dists
-from .runners import CachedModel
+from .runners import CachedModel, common_prefix
 
 
 class Draft(CachedModel):
@@ -40,6 +40,25 @@ class Draft(CachedModel):
         kept = super().sync(tokens[:-1])
         self.pending = [int(tokens[-1])]
         return kept
+
+    def defer(self, tokens: Sequence[int]) -> int:
+        """Like ``sync``, but decode nothing now: keep the longest prefix of ``tokens[:-1]`` already
+        held; the rest (the root last) is pending, read with the first level the draft is asked for.
+        A reply's first token then waits for the target alone (``decoder.generate``)."""
+        keep = common_prefix(self.committed, tokens[:-1])
+        self.ctx.seq_rm(-1, keep)  # also drops speculative cells a failed step may have left
+        del self.committed[keep:]
+        self.pending = [int(t) for t in tokens[keep:]]
+        return keep
+
+    def absorb(self, limit: int) -> bool:
+        """Between replies: decode up to ``limit`` pending tokens into the committed prefix (never the
+        last, the root: the next prompt decides what follows it). True while more are left to absorb."""
+        todo = self.pending[: max(0, min(limit, len(self.pending) - 1))]
+        if todo:
+            self.decode_committed(todo, want_last=False)
+            del self.pending[: len(todo)]
+        return len(self.pending) > 1
 
     def begin_step(self, temperature: float) -> None:
         self.temperature = temperature if temperature > 0 else 1.0

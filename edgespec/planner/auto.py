@@ -70,6 +70,7 @@ class AutoPlanner(Planner):
     costs: CostModel | None = field(default=None, compare=False, repr=False)
     name = "auto"
     wants_costs = True
+    weighs_catch_up = True  # its policy prices the catch-up on pending tokens (plain or copies meanwhile)
     calibration: Calibration = field(default_factory=Calibration, repr=False)
     copies: CopySteps = field(default_factory=CopySteps, repr=False)  # the copies' r_c, when alone pays
     guards: Guards = field(default_factory=Guards, repr=False)

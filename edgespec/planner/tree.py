@@ -294,6 +294,9 @@ class Planner:
     - ``needs_target_root``: the target decodes the root alone first and ``plan`` gets its candidates as
       ``root_dist`` (mcsd-target-init).
     - ``wants_costs``: ``use_costs`` takes the pair's measured cost curves (auto, OPT-Tree's μ, n-gram).
+    - ``weighs_catch_up``: its plan weighs the draft's catch-up on ``Drafter.pending`` (auto: plain or
+      copies while it would cost too much), so it plans a reply's first step too; the decoder gives
+      other planners' first step the root alone while the draft has yet to read the prompt.
     - ``observe``: sees every finished step (planners that learn from outcomes); by default ignores it.
     - ``draft_setup``: the draft model it needs (the plain draft, or a parallel drafter with masks).
     """
@@ -303,6 +306,7 @@ class Planner:
     needs_draft: ClassVar[bool] = True
     needs_target_root: ClassVar[bool] = False
     wants_costs: ClassVar[bool] = False
+    weighs_catch_up: ClassVar[bool] = False
 
     def plan(self, root_token: int, drafter: Drafter | None, ctx: PlanContext) -> DraftTree:
         raise NotImplementedError

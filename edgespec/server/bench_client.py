@@ -24,13 +24,17 @@ from ..measure.prompts import load_prompts
 
 SETS = ("prompts", "conversation", "tools")
 TIMEOUT = 600.0
+# The model's own default system prompt (Qwen2.5's template adds it when a chat has none), sent
+# explicitly: every server renders the same prompt, whether it runs the Jinja template or not.
+SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 CONVERSATION = (
-    "Write a Python function is_prime(n).",
-    "Add a docstring to it.",
-    "Now write first_primes(k) that returns the first k primes, using is_prime.",
-    "Add type hints to both functions.",
-    "Write one pytest test for first_primes.",
-    "How would you make is_prime faster for large n? One sentence.",
+    "Write a Python class Inventory that stores items with a name, a quantity and a unit price, with "
+    "methods to add an item, remove an item and compute the total value.",
+    "Add type hints to the whole class and show it again.",
+    "Add a method low_stock(threshold) that returns the items whose quantity is below the threshold.",
+    "Write pytest tests for the class.",
+    "Rename the class to Stock everywhere and show the whole class again.",
+    "Add a docstring to every method and show the whole class.",
 )
 TOOLS = [
     {
@@ -131,7 +135,7 @@ def run_prompts(client: Client, prompts: str) -> list[dict]:
 
 
 def run_conversation(client: Client, turns=CONVERSATION) -> list[dict]:
-    history, rows = [], []
+    history, rows = [{"role": "system", "content": SYSTEM}], []
     for i, text in enumerate(turns, 1):
         history.append({"role": "user", "content": text})
         answer = client.stream(history)

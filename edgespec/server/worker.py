@@ -115,6 +115,8 @@ class Worker:
         try:
             while (job := self._next()) is not None:
                 self._answer(job)
+                while not self._jobs and self.session.idle():  # a new job waits one chunk at most
+                    pass
         finally:
             self.session.close()
 

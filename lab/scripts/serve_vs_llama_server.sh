@@ -20,5 +20,6 @@ run() {  # NAME COMMAND...: start a server, measure it, stop it
   kill "$pid"; wait "$pid" || true
 }
 run edgespec edgespec serve --port $port --ctx 8192
+run llama-server-plain "$bin/llama-server" -m "$target" -c 8192 --port $port
 run llama-server-draft "$bin/llama-server" -m "$target" -md "$draft" --spec-type draft-simple -c 8192 --port $port -ngl 0 -ngld 0
 run llama-server-ngram-mod "$bin/llama-server" -m "$target" --spec-type ngram-mod -c 8192 --port $port
