@@ -37,10 +37,10 @@ def test_predicted_speedup_follows_the_documented_formula():
     result = _result(python_ms=1.0)
     (row,) = predict(result, acceptance)
     costs = CostProfile.from_dict(result["costs"]).model()
-    # step = c_t(9) + c_k(1) + (P − 1)·c_d(⌈8/4⌉) + python; plain = c_t(1) + python(plain)
+    # step = c_t(9) + c_k(1) + (P − 1)·c_d(⌈8/4⌉) + python; plain = 1 / (plain tokens/s)
     step = costs.t(9) + costs.k(1) + 3 * costs.d(2) + 0.001
     assert row["key"] == "dyspec:8" and row["passes"] == 4.0 and row["verified"] == 9
-    assert row["speedup"] == pytest.approx(3.0 * (0.010 + 0.0002) / step)
+    assert row["speedup"] == pytest.approx(3.0 * (1 / 100.0) / step)
     (slow,) = predict(_result(python_ms=5.0), acceptance)  # Python overhead is paid every step
     assert slow["speedup"] < row["speedup"]
 

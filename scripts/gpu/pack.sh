@@ -46,9 +46,10 @@ done
 cp -r "$SRC/llama_cpp" "$KIT/py/" && rm -rf "$KIT/py/llama_cpp/server" "$KIT/py/llama_cpp/lib"
 cp -r "$LC/gguf-py/gguf" "$KIT/site/"
 SITE=$($PY -c "import jinja2, os; print(os.path.dirname(os.path.dirname(jinja2.__file__)))")
-for pkg in diskcache platformdirs yaml jinja2 markupsafe typing_extensions.py; do
+for pkg in diskcache platformdirs yaml jinja2 markupsafe typing_extensions.py httpx2 httpcore2 truststore; do
   cp -r "$SITE/$pkg" "$KIT/site/"
 done
+cp -r "$SITE"/{httpx2,httpcore2,truststore}-*.dist-info "$KIT/site/"  # they read their own version
 find "$KIT" -name '__pycache__' -prune -exec rm -rf {} +
 
 # The tokenizer: a 1-layer, 64-wide random model of the Qwen2.5 family (also a tiny model to test with).
