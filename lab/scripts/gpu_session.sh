@@ -24,6 +24,8 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
   done
 done
 export LD_LIBRARY_PATH=$LLAMA_CPP_LIB_PATH:${LD_LIBRARY_PATH:-}
+# A cross-built libggml-cuda links a stub libcuda (no symbols, so not kept as NEEDED): load the driver.
+command -v nvidia-smi >/dev/null && export LD_PRELOAD=libcuda.so.1
 TOK=gpu-kit/qwen2.5-tokenizer.gguf
 LAYER_ARGS=()
 [ -n "$LAYERS" ] && LAYER_ARGS=(--layers "$LAYERS")
