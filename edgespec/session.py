@@ -317,8 +317,10 @@ class ChatSession:
         return self.engine.complete(self.planner, prompt, settings, cancel, stats)
 
     def idle(self) -> bool:
-        """Work ahead between replies (``ChatEngine.idle``); nothing without the prompt cache."""
-        return self.prompt_cache and self.engine.idle()
+        """Work ahead between replies (``ChatEngine.idle``): nothing without the prompt cache, nor for
+        a planner that will not draft with the model."""
+        drafts = self.planner is not None and self.planner.may_draft
+        return self.prompt_cache and drafts and self.engine.idle()
 
     def _begin(self) -> None:
         if not self.prompt_cache:

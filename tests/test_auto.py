@@ -248,7 +248,8 @@ def test_auto_on_the_engine_equals_plain_decoding_and_learns():
     pair = FakePair(n_seq=33)
     tokens, events = _tokens(pair, planner)
     assert tokens == plain
-    assert sum(planner.steps.values()) == len(events)
+    assert events[0].draft_decodes == 0  # the first token comes with the prompt's decode
+    assert sum(planner.steps.values()) == len(events) - 1
     assert planner.steps[SPECULATE] > 0 and any(e.accepted for e in events)
     assert planner.calibration.predicted != planner.calibration.accepted  # observe() saw the steps
 
@@ -260,8 +261,8 @@ def test_auto_on_a_cpu_profile_never_touches_the_draft():
     tokens, events = _tokens(pair, AutoPlanner(costs=CPU))
     assert tokens == plain
     assert all(e.drafted == 0 and e.draft_decodes == 0 for e in events)
-    assert pair.draft.ctx.decodes == decodes_before + 1  # the prompt (after the first token), then nothing
-    assert len(pair.draft.pending) == len(plain)  # the answer: the draft would catch up in one batch later
+    assert pair.draft.ctx.decodes == decodes_before  # not even the prompt
+    assert len(pair.draft.pending) == len(PROMPT) + len(plain)  # the draft would catch up in one batch later
 
 
 def test_auto_samples_on_the_engine():

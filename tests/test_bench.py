@@ -99,23 +99,24 @@ def test_summary_has_one_entry_per_strategy_with_paired_ratios(fake_bench):
         assert e["identical_to_plain"] == 1.0
         assert sum(e["time_split"].values()) == pytest.approx(1.0)
     assert entries["chain:2"]["mal"] > 1.0 and entries["chain:2"]["acceptance_rate"] > 0
-    assert entries["chain:2"]["verified_per_step"] == pytest.approx(3.0)
+    # chain γ=2 verifies 3 tokens a step; each answer's first token (decoded with the prompt) is a step of 1
+    assert 2.5 < entries["chain:2"]["verified_per_step"] < 3.0
     chain = entries["chain:2"]
     assert chain["mal_per_draft_pass"] == pytest.approx(chain["mal"] / chain["draft_decodes_per_step"])
-    assert chain["mal_per_verified_token"] == pytest.approx(chain["mal"] / 3.0)
+    assert chain["mal_per_verified_token"] == pytest.approx(chain["mal"] / chain["verified_per_step"])
     assert 0 < chain["python_ms_per_step"] < chain["seconds"] * 1000 / chain["target_calls"]
     per_prompt = [p["variants"]["chain:2"] for p in summary["per_prompt"]]
     assert chain["python_ms_per_step_median"] == pytest.approx(
         median(p["python_ms_per_step"] for p in per_prompt)
     )
-    assert chain["draft_decodes_per_step_median"] == 2.0  # γ = 2: two draft levels every step
+    assert 1.5 < chain["draft_decodes_per_step_median"] < 2.0  # γ = 2: two levels a step, but the first token
     auto = entries["auto"]
     assert auto["mal"] == 1.0 and auto["plain_step_share"] == 1.0 and auto["draft_decodes_per_step"] == 0
     assert summary["baseline"]["mal"] == 1.0 and summary["baseline"]["runs"] == 10
     assert [p["order"] for p in summary["per_prompt"]][0][:3] == [PLAIN, "chain:2", PLAIN]
     assert len(summary["per_prompt"][0]["variants"]["auto"]["ratios"]) == 2
     chain = summary["per_prompt"][0]["variants"]["chain:2"]
-    assert chain["verified_per_step"] == pytest.approx(3.0) and chain["mal"] > 1.0  # per prompt, too
+    assert 2.5 < chain["verified_per_step"] < 3.0 and chain["mal"] > 1.0  # per prompt, too
 
 
 def _run(variant: str, n: int, seconds: float) -> Run:

@@ -63,7 +63,8 @@ def test_target_init_runs_and_says_how_far_it_follows_plain_decoding(pair, plain
         planner = MCSDTargetInitPlanner(w=2, k_config=(2, 1, 1))
         events = [e for e in generate(pair, planner, request) if e.verified_nodes]
         tokens = [t.id for e in events for t in e.tokens]
-        for event in events[:-1]:
+        assert events[0].verified_nodes == 1  # the first token is the target's alone
+        for event in events[1:-1]:
             assert event.accepted >= 1 and event.tree.child_rule[0] == ChildRule.LONGEST
             assert event.tokens[0].id in [int(event.tree.tokens[c]) for c in event.tree.children(0)]
         steps, accepted = steps + len(events), accepted + sum(e.accepted for e in events)

@@ -47,7 +47,10 @@ class EchoBackend:
     def load(self, pair, on_progress) -> LoadedPair:
         fake = ChatFakePair(n_seq=33)
         echo = _echo_prompt()
-        fake.target.model.tokenize = lambda text, add_special=True, parse_special=True: list(echo)
+        # the user's message is the echo, the template's own text nothing: the prompt is the echo alone
+        fake.target.model.tokenize = lambda text, add_special=True, parse_special=True: (
+            list(echo) if "rewrite" in text else []
+        )
         fake.context_used = lambda: len(fake.target.committed)  # as ModelPair's
         self.engine = PairEngine(fake)
         return LoadedPair(self.engine, "fake-llama", StrategyChoice("auto"))

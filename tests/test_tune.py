@@ -248,11 +248,11 @@ def test_target_init_decodes_the_root_alone_and_keeps_the_cache_committed():
     decodes_before = pair.target.ctx.decodes
     _, events = _events(planner, max_tokens=40, pair=pair)
     assert sum(len(e.tokens) for e in events) == 40
-    later = events[1:]  # the first token is the target's alone (the draft had yet to read the prompt)
+    later = events[1:]  # the first token comes with the prompt's decode
     # Every step emits one of the target's own candidates first: at least that token is accepted.
     assert all(e.accepted >= 1 for e in later if not e.finish_reason)
-    assert pair.target.ctx.decodes - decodes_before == 2 + 2 * len(later)  # prefill, first, 2 per step
-    assert all(size == 1 for size in pair.target.ctx.batch_sizes[2::2])  # the root alone
+    assert pair.target.ctx.decodes - decodes_before == 1 + 2 * len(later)  # the prompt, then 2 per step
+    assert all(size == 1 for size in pair.target.ctx.batch_sizes[1::2])  # the root alone
     _assert_cache_is_committed(pair.target)
     _assert_cache_is_committed(pair.draft)
 

@@ -48,6 +48,7 @@ class FakePlanner:
     lossy: bool = False
     state: str = ""  # auto: what it is doing now (set by the fake engine, as the real auto sets its own)
     needs_draft: bool = True
+    may_draft: bool = True
 
     def describe(self) -> str:
         return self.state or f"budget={self.budget}"

@@ -46,41 +46,34 @@ def generate(
     """Stream the answer to ``request``; ``planner=None`` decodes plainly (one token per step)."""
     rng = np.random.default_rng(request.sampling.seed)
     start = perf_counter()
-    cached = pair.target.sync(request.prompt[:-1])  # the prompt's start the cache held already
+    # The prompt's new part in one target decode, its last token with logits: the first token's row.
+    first_row, cached = pair.target.prefill(request.prompt)
     if planner is not None and planner.needs_draft:
         pair.set_up_draft(planner.draft_setup())  # the plain draft, or a parallel drafter (ParallelSpec)
-        pair.draft.defer(request.prompt)  # read with the first draft level, after the first token
+        pair.draft.defer(request.prompt)  # read with the first draft level: after the first token
     prefill = perf_counter() - start
     root = int(request.prompt[-1])
     detok = Detokenizer(pair.target.model.piece)
     stops = StopStrings(request.stop)
-    produced, fresh = 0, True
-    first, reading = True, False  # reading: the draft reads the prompt before the next step
-    lagging = planner is not None and planner.needs_draft and len(pair.draft.pending) > 1
+    produced, fresh, first = 0, True, True
     while True:
         if cancel is not None and cancel.is_set():
             yield _finish("cancelled", stops.flush())
             return
-        if reading:  # all but the new root, as ``Draft.sync`` would have before the first token
-            while pair.draft.absorb(pair.draft.ctx.settings.n_batch):
-                pass
         room = pair.target.n_ctx - len(pair.target.committed)
         if room < 1:
             yield _finish("context", stops.flush())
             return
-        if planner is None:
+        if first:  # the first token waits for the prompt's decode only, never for the draft
+            step = first_token(pair, planner, root, first_row, request.sampling, rng)
+        elif planner is None:
             step = plain_step(pair.target, root, request.sampling, rng)
-        elif first and lagging and not planner.weighs_catch_up:
-            # The draft has yet to read the prompt's new part (a new conversation, or the last reply
-            # and the new message): the first token comes from the target alone, and the draft reads
-            # the prompt after it is out, so the time to the first token is the target's prefill only.
-            step = speculative_step(pair, _FIRST_TOKEN, root, request.sampling, rng, max_nodes=1)
         else:
             step = speculative_step(
                 pair, planner, root, request.sampling, rng, max_nodes=min(room, pair.max_nodes), fresh=fresh
             )
             fresh = False  # the planner's first step of this request is behind us
-        root, first, reading = step.next_root, False, first and lagging
+        root, first = step.next_root, False
         tokens, finish = _cut(step.tokens, pair.target.model, request.max_tokens - produced)
         produced += len(tokens)
         text = stops.feed("".join(detok.push(t.id) for t in tokens))
@@ -138,6 +131,26 @@ def plain_step(target, root: int, params: SamplingParams, rng: np.random.Generat
     return _Step(emitted, token, event)
 
 
+def first_token(pair, planner: Planner | None, root: int, row, params: SamplingParams, rng) -> _Step:
+    """A reply's first token, from the row of the prompt's last token (``root``, decoded with the
+    prompt): no draft work before it. The draft, which reads the prompt with its first level later,
+    queues the token as its next root."""
+    start = perf_counter()
+    token, margin = choose(row, params, rng)
+    emitted = (EmittedToken(token, Provenance.TARGET, margin),)
+    tree = TreeBuilder(root).freeze()  # the root alone, as a step that drafted nothing
+    if planner is not None and planner.needs_draft:
+        pair.draft.begin_step(params.temperature)
+        pair.draft.commit(tree, (0,), token)
+    seconds = perf_counter() - start
+    timings = StepTimings(bookkeeping=seconds, python=seconds)  # its decode is the prompt's (prefill)
+    event = StepEvent(
+        tokens=emitted, text="", drafted=0, accepted=0, timings=timings, tree=tree, accepted_path=(0,),
+        leaves=1,
+    )
+    return _Step(emitted, token, event)
+
+
 def choose(row: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> tuple[int, float]:
     """The target's token after ``row`` (its argmax, or a draw from p) and its top-1 − top-2 margin.
     The same draw as ``verify_sampling`` at a node without children."""
@@ -158,24 +171,6 @@ class _NoDraft:
 
     def commit(self, tree: DraftTree, path: Sequence[int], next_token: int) -> None:
         pass
-
-
-class _FirstToken:
-    """The planner of a reply's first step while the draft has yet to read the prompt: the root
-    alone (plain decoding; the draft queues the token as its next root)."""
-
-    name = "first-token"
-    needs_draft = True
-    needs_target_root = False
-
-    def plan(self, root_token: int, drafter, ctx: PlanContext) -> DraftTree:
-        return TreeBuilder(root_token).freeze()
-
-    def observe(self, event) -> None:
-        pass
-
-
-_FIRST_TOKEN = _FirstToken()
 
 
 def speculative_step(

@@ -107,6 +107,15 @@ class Target(CachedModel):
         # end-of-turn and chat-template tokens (copies stop before them); read at load, not on a first step
         self.turn_tokens = self.model.turn_tokens()
 
+    def prefill(self, prompt: Sequence[int]) -> tuple[np.ndarray, int]:
+        """Hold ``prompt``, keeping the longest prefix of ``prompt[:-1]`` already held and decoding the
+        rest in one go, its last token with logits: returns that row (the distribution of the reply's
+        first token; valid until the next decode) and how many tokens were kept."""
+        keep = common_prefix(self.committed, prompt[:-1])
+        self.ctx.seq_rm(-1, keep)
+        del self.committed[keep:]
+        return self.decode_committed(prompt[keep:], want_last=True), keep
+
     def decode_root(self, root: int) -> np.ndarray:
         """Plain decoding: the root alone, straight into the committed prefix."""
         return self.decode_committed([root], want_last=True)

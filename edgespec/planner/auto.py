@@ -70,7 +70,6 @@ class AutoPlanner(Planner):
     costs: CostModel | None = field(default=None, compare=False, repr=False)
     name = "auto"
     wants_costs = True
-    weighs_catch_up = True  # its policy prices the catch-up on pending tokens (plain or copies meanwhile)
     calibration: Calibration = field(default_factory=Calibration, repr=False)
     copies: CopySteps = field(default_factory=CopySteps, repr=False)  # the copies' r_c, when alone pays
     guards: Guards = field(default_factory=Guards, repr=False)
@@ -119,6 +118,10 @@ class AutoPlanner(Planner):
             f"{now} (budget≤{self.budget}, r={self.ratio:.2f}, speculated {drafted:.0%}, "
             f"copied {self.steps[COPY] / total:.0%} of steps)"
         )
+
+    @property
+    def may_draft(self) -> bool:
+        return not self.policy.never_drafts  # copies and plain steps need no draft
 
     def draft_setup(self) -> DraftSetup:
         if not self.masks:

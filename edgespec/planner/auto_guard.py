@@ -30,7 +30,7 @@ next), draft trees keep the wait they were given (the machine, not the text, is 
 A draft retry first catches the draft up on every token written while it waited (one batched decode
 of them): a one-off cost, charged to the trial's wait but no evidence about drafting. Where that
 catch-up is known to lose more than ``LOSS_BUDGET`` (on a CPU it can cost as much as the wait saved),
-drafts retry at the next answer instead, whose prompt the draft decodes before the first step.
+drafts retry at the next answer instead (the policy prices its catch-up on the prompt there).
 
 Copies cost nothing to propose, so while they wait, the copy trees auto would have verified are
 followed along what the target writes (``auto_copies.Unverified``): each is an imagined copy step
@@ -116,7 +116,7 @@ class Guard:
         """Whether it may run at ``step``: not waiting — and, for a retry after more than
         ``CATCH_UP_FREE`` pending tokens, only where catching up on them is known to lose at most
         ``LOSS_BUDGET`` (a CPU's draft catching up on a long wait can cost as much as the wait saved).
-        Otherwise it retries at the next answer, whose prompt the draft decodes before the first step."""
+        Otherwise it retries at the next answer."""
         if step < self.off_until:
             return False
         if self.off_until == 0 or pending <= CATCH_UP_FREE:

@@ -294,11 +294,6 @@ class Planner:
     - ``needs_target_root``: the target decodes the root alone first and ``plan`` gets its candidates as
       ``root_dist`` (mcsd-target-init).
     - ``wants_costs``: ``use_costs`` takes the pair's measured cost curves (auto, OPT-Tree's μ, n-gram).
-    - ``weighs_catch_up``: its plan weighs the draft's catch-up on ``Drafter.pending`` (auto: plain or
-      copies while it would cost too much), so it plans a reply's first step too; the decoder gives
-      other planners' first step the root alone while the draft has yet to read the prompt.
-    - ``observe``: sees every finished step (planners that learn from outcomes); by default ignores it.
-    - ``draft_setup``: the draft model it needs (the plain draft, or a parallel drafter with masks).
     """
 
     name: ClassVar[str]
@@ -306,10 +301,15 @@ class Planner:
     needs_draft: ClassVar[bool] = True
     needs_target_root: ClassVar[bool] = False
     wants_costs: ClassVar[bool] = False
-    weighs_catch_up: ClassVar[bool] = False
 
     def plan(self, root_token: int, drafter: Drafter | None, ctx: PlanContext) -> DraftTree:
         raise NotImplementedError
+
+    @property
+    def may_draft(self) -> bool:
+        """Whether it may still call the draft model (False: the draft need not keep up with the
+        conversation between replies)."""
+        return self.needs_draft
 
     def describe(self) -> str:
         """Short parameter summary for status bars and bench tables, e.g. 'k=4 τ=2 budget=16'."""

@@ -115,10 +115,18 @@ class Worker:
         try:
             while (job := self._next()) is not None:
                 self._answer(job)
-                while not self._jobs and self.session.idle():  # a new job waits one chunk at most
-                    pass
+                self._work_ahead()
         finally:
             self.session.close()
+
+    def _work_ahead(self) -> None:
+        """While no job waits, the session's work ahead (``ChatSession.idle``), a chunk at a time: a new
+        job waits one chunk at most. Optional work: a failure ends it, never the worker."""
+        try:
+            while not self._jobs and self.session.idle():
+                pass
+        except Exception:
+            pass
 
     def _answer(self, job: Job) -> None:
         session, self._current = self.session, job
