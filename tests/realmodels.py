@@ -42,25 +42,27 @@ def chat_prompt(pair, text: str) -> list[int]:
 
 
 def steps_with_rows(pair, planner, request: Request, keep=np.copy) -> tuple[list, list]:
-    """The steps of ``request`` that verified a tree, each with ``keep`` of its verify rows (one row per
-    tree node; ``keep`` reduces them before the next decode reuses the buffer). A step with the root
-    alone (the first token, while the draft has yet to read the prompt) is decoded plainly: left out."""
+    """Every step of ``request`` with ``keep`` of its verify rows (one row per tree node; ``keep`` reduces
+    them before the next decode reuses the buffer), or None for a step that verified nothing: the
+    first token, chosen from the row of the prompt's last token."""
     kept: list = []
     events: list = []
+    rows: list = []
     original = pair.target.verify
 
     def recording_verify(tree, *args):
-        layout, rows = original(tree, *args)
-        kept.append(keep(rows))
-        return layout, rows
+        layout, found = original(tree, *args)
+        kept.append(keep(found))
+        return layout, found
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(pair.target, "verify", recording_verify)
         for event in generate(pair, planner, request):
-            if len(kept) > len(events):  # this step verified
+            if event.verified_nodes:
                 events.append(event)
-    assert len(events) == len(kept) and all(e.verified_nodes for e in events)
-    return events, kept
+                rows.append(kept.pop() if kept else None)
+    assert not kept and rows[0] is None
+    return events, rows
 
 
 def greedy_steps(pair, planner, text: str, max_tokens: int = MAX_TOKENS) -> list:
@@ -70,6 +72,8 @@ def greedy_steps(pair, planner, text: str, max_tokens: int = MAX_TOKENS) -> list
     request = Request(prompt=chat_prompt(pair, text), max_tokens=max_tokens)
     events, rows_argmax = steps_with_rows(pair, planner, request, keep=lambda rows: rows.argmax(axis=1))
     for event, argmax in zip(events, rows_argmax):
+        if argmax is None:  # nothing verified: the first token, or a step that drafted nothing
+            continue
         for k, token in enumerate(event.tokens):
             assert token.id == argmax[event.accepted_path[k]]
     return events
@@ -79,6 +83,8 @@ def assert_sampled_in_nucleus(events: list, rows: list, params, note: str = "") 
     """Every step's children were sampled (residual rule) and every emitted token has p > 0 under the
     target's sampling distribution at its verify row."""
     for event, logits in zip(events, rows):
+        if logits is None:  # nothing verified: the first token, or a step that drafted nothing
+            continue
         assert set(event.tree.child_rule.tolist()) <= {ChildRule.NONE, ChildRule.SAMPLED}
         for k, token in enumerate(event.tokens):
             assert target_probs(logits[event.accepted_path[k]], params)[token.id] > 0.0, note
