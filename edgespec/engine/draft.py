@@ -10,7 +10,7 @@ from time import perf_counter
 from ..planner.tree import DraftTree, SparseDist, TreeBuilder
 from ._llama import Context
 from .rows import draft_dists
-from .runners import CachedModel, common_prefix
+from .runners import CachedModel
 
 
 class Draft(CachedModel):
@@ -45,9 +45,7 @@ class Draft(CachedModel):
         """Like ``sync``, but decode nothing now: keep the longest prefix of ``tokens[:-1]`` already
         held; the rest (the root last) is pending, read with the first level the draft is asked for.
         A reply's first token then waits for the target alone (``decoder.generate``)."""
-        keep = common_prefix(self.committed, tokens[:-1])
-        self.ctx.seq_rm(-1, keep)  # also drops speculative cells a failed step may have left
-        del self.committed[keep:]
+        keep = self.keep_prefix(tokens[:-1])
         self.pending = [int(t) for t in tokens[keep:]]
         return keep
 

@@ -40,10 +40,15 @@ class CachedModel:
     def sync(self, tokens: Sequence[int]) -> int:
         """Make the cache hold exactly ``tokens``, keeping the longest common prefix already there;
         returns how many tokens were kept (the rest were decoded)."""
+        keep = self.keep_prefix(tokens)
+        self.decode_committed(tokens[keep:], want_last=False)
+        return keep
+
+    def keep_prefix(self, tokens: Sequence[int]) -> int:
+        """Drop what follows the longest common prefix of the cache and ``tokens``; returns its length."""
         keep = common_prefix(self.committed, tokens)
         self.ctx.seq_rm(-1, keep)  # also drops speculative cells a failed step may have left
         del self.committed[keep:]
-        self.decode_committed(tokens[keep:], want_last=False)
         return keep
 
     def decode_committed(self, tokens: Sequence[int], want_last: bool) -> np.ndarray | None:
@@ -111,9 +116,7 @@ class Target(CachedModel):
         """Hold ``prompt``, keeping the longest prefix of ``prompt[:-1]`` already held and decoding the
         rest in one go, its last token with logits: returns that row (the distribution of the reply's
         first token; valid until the next decode) and how many tokens were kept."""
-        keep = common_prefix(self.committed, prompt[:-1])
-        self.ctx.seq_rm(-1, keep)
-        del self.committed[keep:]
+        keep = self.keep_prefix(prompt[:-1])
         return self.decode_committed(prompt[keep:], want_last=True), keep
 
     def decode_root(self, root: int) -> np.ndarray:

@@ -294,6 +294,8 @@ class Planner:
     - ``needs_target_root``: the target decodes the root alone first and ``plan`` gets its candidates as
       ``root_dist`` (mcsd-target-init).
     - ``wants_costs``: ``use_costs`` takes the pair's measured cost curves (auto, OPT-Tree's μ, n-gram).
+    - ``observe``: sees every finished step (planners that learn from outcomes); by default ignores it.
+    - ``draft_setup``: the draft model it needs (the plain draft, or a parallel drafter with masks).
     """
 
     name: ClassVar[str]
