@@ -107,3 +107,21 @@ def test_model_identity_reads_the_store_record(tmp_path):
     record["size"] += 1  # a stale record (the file changed since it was hashed) is ignored
     (tmp_path / "m.gguf.verified.json").write_text(json.dumps(record))
     assert costs.model_identity(str(model))["sha256"] is None
+
+
+def test_a_profile_measured_on_a_busy_machine_is_used_but_never_cached(measured, tmp_path, monkeypatch):
+    """Repeats that disagree (the draft's median max/min above BUSY_SPREAD) mean other work shared the
+    cores: such a profile serves the run that measured it, is not saved, and a saved one is ignored."""
+    pair, quiet = measured
+    assert quiet.busy is None
+    noisy = {n: (lo, lo * 1.5) for n, (lo, _) in quiet.spread["draft"].items()}
+    busy = dataclasses.replace(quiet, spread={**quiet.spread, "draft": noisy})
+    assert busy.busy == pytest.approx(1.5)
+    monkeypatch.setattr(costs, "measure", lambda *a, **k: busy)
+    assert costs.load_or_measure(pair, home=tmp_path) is busy
+    assert not costs.profile_path(busy.key, tmp_path).exists()
+    costs.save(busy, tmp_path)  # as an older edgespec did
+    assert costs.load_cached(pair, tmp_path) is None
+    monkeypatch.setattr(costs, "measure", lambda *a, **k: quiet)
+    assert costs.load_or_measure(pair, home=tmp_path) is quiet
+    assert costs.load_cached(pair, tmp_path) == quiet  # the quiet one replaced it

@@ -249,3 +249,46 @@ def test_bench_server_measures_any_server(serve, tmp_path, capsys):
     assert results["tools"][0]["step"] == "call"  # the fake answers in text: no call, no second step
     printed = capsys.readouterr().out
     assert rows[0]["prompt"] in printed and "whole conversation" in printed
+
+
+def test_work_ahead_waits_for_a_quiet_moment_and_yields_to_a_new_job():
+    """Between answers the worker reads ahead (``ChatSession.idle``) only after ``IDLE_GRACE`` seconds
+    without a job (a client's next request, sent at once, never waits for a chunk), a chunk at a time,
+    and stops when a job arrives."""
+    from types import SimpleNamespace
+
+    from edgespec.server import worker as worker_module
+    from edgespec.server.worker import DONE, Job
+
+    chunks: list[float] = []
+    answered: list[float] = []
+
+    class Session:
+        def idle(self) -> bool:
+            chunks.append(time.monotonic())
+            time.sleep(0.02)
+            return len(chunks) < 1000  # more work than the test waits for
+
+        def close(self):
+            pass
+
+    ask = SimpleNamespace(run=lambda session, cancel, stats: answered.append(time.monotonic()) or iter(()))
+    worker = Worker(lambda: Session())
+    worker.start()
+    try:
+        done = threading.Event()
+        worker.submit(Job(ask, lambda item: item is DONE and done.set()))
+        assert done.wait(5)
+        time.sleep(worker_module.IDLE_GRACE / 5)
+        assert chunks == []  # a request sent at once finds the worker free
+        done.clear()
+        worker.submit(Job(ask, lambda item: item is DONE and done.set()))
+        assert done.wait(5)
+        time.sleep(worker_module.IDLE_GRACE + 0.3)
+        assert chunks and chunks[0] - answered[-1] >= worker_module.IDLE_GRACE * 0.9
+        done.clear()
+        worker.submit(Job(ask, lambda item: item is DONE and done.set()))
+        assert done.wait(5)
+        assert answered[-1] - chunks[-1] < 0.2  # the job waited for one chunk at most
+    finally:
+        worker.stop()

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import platform
 from collections.abc import Callable, Iterator, Sequence
@@ -53,8 +54,13 @@ SIZES = (*range(1, 34), 40, 48, 56, 64)  # target verify and draft level sizes
 CATCHUP_SIZES = (1, 2, 4, 8, 16, 32, 64)
 QUICK_SIZES = (*range(1, 34), 48, 64)
 QUICK_CATCHUP_SIZES = (1, 2, 4, 8, 16, 64)
+# The draft's repeats of a size (always local, unlike an RPC target's) agree within a few % on a quiet
+# machine (1.00-1.06 at the median size); far more means other work shared the cores: 2 threads beside
+# another llama.cpp process made every decode ~25x slower and the curves noise (1.48 at the median).
+BUSY_SPREAD = 1.25
 CONTEXT_TOKENS = 160  # committed tokens the measurements run on (a typical prompt plus some answer)
 
+log = logging.getLogger(__name__)
 Progress = Callable[[str, int, int], None]  # (what, done, total)
 
 
@@ -77,6 +83,14 @@ class CostProfile:
             draft=_interpolate(self.draft, n_max),
             catchup=_interpolate(self.catchup, n_max),
         )
+
+    @property
+    def busy(self) -> float | None:
+        """The draft's median max/min over its repeats, when above ``BUSY_SPREAD`` (the machine was
+        busy: the curves are not this pair's); None when they agree."""
+        spread = sorted(hi / lo for lo, hi in self.spread.get("draft", {}).values() if lo > 0)
+        ratio = spread[len(spread) // 2] if spread else 1.0
+        return ratio if ratio > BUSY_SPREAD else None
 
     def rows(self) -> list[dict]:
         """One row per measured size: seconds, and each curve relative to one token (its c(n)/c(1))."""
@@ -203,9 +217,10 @@ def profile_path(key: dict, home: Path | None = None) -> Path:
 def load_cached(pair, home: Path | None = None) -> CostProfile | None:
     path = profile_path(profile_key(pair), home)
     try:
-        return CostProfile.from_dict(json.loads(path.read_text()))
+        profile = CostProfile.from_dict(json.loads(path.read_text()))
     except (OSError, ValueError, KeyError):
         return None
+    return None if profile.busy else profile  # measured beside other work (by an older edgespec)
 
 
 def save(profile: CostProfile, home: Path | None = None) -> Path:
@@ -233,7 +248,14 @@ def load_or_measure(
         profile = measure(pair, QUICK_SIZES, QUICK_CATCHUP_SIZES, repeats=2, progress=progress)
     else:
         profile = measure(pair, progress=progress)
-    save(profile, home)
+    if profile.busy:  # used now, not cached: measured again next time
+        log.warning(
+            "the cost profile's repeats disagree (x%.1f): other work was running. It is used for now "
+            "but not saved; stop the other work for the next start to measure it again.",
+            profile.busy,
+        )
+    else:
+        save(profile, home)
     return profile
 
 

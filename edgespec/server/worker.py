@@ -20,6 +20,7 @@ from ..session import ChatSession
 from .protocol import ChatRequest
 
 DONE = object()  # delivered last, after the events (and the error, if any)
+IDLE_GRACE = 0.5  # seconds without a new job before the work ahead starts
 
 
 @dataclass
@@ -121,7 +122,12 @@ class Worker:
 
     def _work_ahead(self) -> None:
         """While no job waits, the session's work ahead (``ChatSession.idle``), a chunk at a time: a new
-        job waits one chunk at most. Optional work: a failure ends it, never the worker."""
+        job waits one chunk at most. It starts only once ``IDLE_GRACE`` seconds passed without a job:
+        agents and scripts send their next request at once, and it should not wait for a chunk begun
+        just before it arrived. Optional work: a failure ends it, never the worker."""
+        with self._changed:
+            if not self._jobs:
+                self._changed.wait(IDLE_GRACE)
         try:
             while not self._jobs and self.session.idle():
                 pass
