@@ -13,6 +13,7 @@ from edgespec.decoding.events import EmittedToken, Provenance, StepEvent, StepTi
 from edgespec.decoding.sampling import SamplingParams
 from edgespec.planner.auto import COPY, PARALLEL, PLAIN, PROBE, SPECULATE, AutoPlanner
 from edgespec.planner.auto_copies import Unverified
+from edgespec.planner.auto_guard import Guard
 from edgespec.planner.costmodel import CostModel, best_size, ceiling, simulate
 from edgespec.planner.ngram import CopyTrie, prior_rate
 from edgespec.planner.strategies import PARAM_NAMES
@@ -46,8 +47,9 @@ def memory_bound(jump: float = 2.5, draft: float = 0.002) -> CostModel:
     )
 
 
-def ctx(sampling: bool = False, max_nodes: int = 65) -> PlanContext:
-    return PlanContext(sampling=sampling, rng=np.random.default_rng(0), max_nodes=max_nodes)
+def ctx(sampling: bool = False, max_nodes: int = 65, fresh: bool = True) -> PlanContext:
+    """``fresh``: each step is a new answer's first (False: the steps of one long answer)."""
+    return PlanContext(sampling=sampling, rng=np.random.default_rng(0), max_nodes=max_nodes, fresh=fresh)
 
 
 def confident(q: float = 0.9, width: int = 6) -> SyntheticDrafter:
@@ -140,7 +142,7 @@ def test_poor_acceptance_turns_auto_off_then_probes_within_budget():
     lost, total, modes = 0.0, 0.0, []
     plain_step = float(costs.t(1))
     for _ in range(3000):
-        tree = planner.plan(7, drafter, ctx())
+        tree = planner.plan(7, drafter, ctx(fresh=False))
         modes.append(planner.mode)
         drafting = 0.004 * tree.stats.draft_decodes  # as profiled: the cost factors stay near 1
         verify = float(costs.t(tree.size))
@@ -165,7 +167,7 @@ def test_a_profile_that_flatters_batches_is_corrected_by_measurements():
     c1 = float(costs.t(1))
     modes, lost, total = [], 0.0, 0.0
     for _ in range(400):
-        tree = planner.plan(7, confident(q=0.8), ctx())
+        tree = planner.plan(7, confident(q=0.8), ctx(fresh=False))
         modes.append(planner.mode)
         verify = c1 * tree.size  # compute-bound reality
         drafting = 0.001 * tree.stats.draft_decodes
@@ -462,3 +464,26 @@ def test_one_pass_forecast_follows_what_the_masks_deliver():
         planner.observe(_verified(tree, 0, 0.007, 0.010))
     planner.plan(7, confident(q=0.8), ctx())
     assert planner.mode != PARALLEL
+
+
+def test_probes_spend_only_what_the_answer_earned():
+    """Probe credit is earned within an answer: after a long answer that earned plenty, a new answer
+    starts without it (a short answer never pays for a probe), while a probe's debt carries over."""
+    costs = memory_bound(jump=2.5, draft=0.004)
+    planner = AutoPlanner(costs=costs, probe_budget=0.02)
+    drafter = confident(q=0.9)
+    for _ in range(3000):  # one long answer whose drafts are always wrong: probes, within budget
+        tree = planner.plan(7, drafter, ctx(fresh=False))
+        drafting = 0.004 * tree.stats.draft_decodes
+        planner.observe(_verified(tree, 0, drafting, float(costs.t(tree.size))))
+    assert planner.policy.credit > 10 * planner.policy._probe_loss(1)
+    planner.guards.drafts = Guard()  # the draft guard's wait after those losses aside: credit decides
+    modes = []
+    for step in range(10):  # a short answer: it earns less than a probe may lose, so no probe
+        tree = planner.plan(7, drafter, ctx(fresh=step == 0))
+        modes.append(planner.mode)
+        planner.observe(_verified(tree, 0, 0.0, float(costs.t(tree.size))))
+    assert PROBE not in modes and SPECULATE not in modes
+    planner.policy.credit = -1.0  # a debt: kept by the next answer
+    planner.plan(7, drafter, ctx(fresh=True))
+    assert planner.policy.credit < 0

@@ -132,9 +132,10 @@ class AutoPlanner(Planner):
     def plan(self, root_token: int, drafter: Drafter, ctx: PlanContext) -> DraftTree:
         cap = min(self.budget, ctx.max_nodes - 1)
         pending = len(drafter.pending) or 1  # tokens the draft has yet to decode
-        if ctx.fresh:  # a new answer: its own copies, its own evidence
+        if ctx.fresh:  # a new answer: its own copies, its own evidence, its own probe credit
             self.copies.restart()
             self.guards.restart()
+            self.policy.restart()
         trie = self.copier.propose(root_token, ctx)  # free candidates, whatever is decided
         self.mode, copies = self.policy.choose(trie, pending, cap)
         self._pending = pending

@@ -17,7 +17,9 @@ E the tree's Σ p̂ and r the draft's calibration (``auto_calibration``).
    decoding by ``MARGIN``; ``PARALLEL`` when a one-pass tree's forecast beats both.
 3. **Probes.** When the forecast says plain but step 1 says speculation could pay, auto still
    drafts now and then so that r stays fresh — when a probe's worst-case loss fits the probe credit,
-   which grows by ``probe_budget`` × every step's time.
+   which grows by ``probe_budget`` × every step's time within the answer (an answer starts with no
+   credit, only the debts of earlier probes: credit carried over from earlier answers spent itself
+   on one 48-token answer's first steps, 11 % of its time on the Xeon; short answers now never probe).
 4. **Copies** (``auto_copies.CopySteps``): verified alone when their best size's rate beats plain
    decoding and the draft's forecast.
 5. **The guard** overrules 2–4: a kind (copies, draft trees) that lost to plain decoding in this
@@ -36,7 +38,7 @@ from .ngram import CopyTrie
 
 HORIZON = 8  # the draft's catch-up after plain steps is spread over this many speculative steps
 MARGIN = 0.03  # speculate when the forecast beats plain decoding by this fraction
-CREDIT_MAX = 64  # probe credit is capped at this many plain decodes
+CREDIT_MAX = 64  # probe credit is capped at this many plain decodes (within one long answer)
 MODES = PLAIN, SPECULATE, PROBE, COPY, PARALLEL = "plain", "speculate", "probe", "copy", "parallel"
 DRAFTING = (SPECULATE, PROBE, PARALLEL)  # the modes that draft: the draft guard's
 
@@ -145,6 +147,10 @@ class Policy:
         f = self._forecast[1] if self._forecast is not None else None
         seconds = f.seconds if f is not None and f.m > 0 else costs.k(1) + costs.t(2) + costs.overhead
         return float(seconds + costs.k(max(pending, 1)) - costs.k(1) - costs.t(1))
+
+    def restart(self) -> None:
+        """A new answer: probes spend only what it earns (a debt is kept)."""
+        self.credit = min(self.credit, 0.0)
 
     def learn(self, event, mode: str, plain_seconds: float) -> None:
         """Probe credit: earned by every step's time, spent by what probes lost against plain decoding."""
