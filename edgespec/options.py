@@ -60,9 +60,9 @@ def add_rpc_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--rpc",
         metavar="HOST:PORT[,…]",
-        help="RPC servers that hold the target's layers with this machine, which keeps the last layers and "
-        "the logits; the draft stays here (default: $EDGESPEC_RPC, else the pair's models.toml entry; "
-        "'none': this machine only)",
+        help="RPC servers that hold the target's layers with this machine, which keeps its share, the output "
+        "layer and the logits; the draft stays here (default: $EDGESPEC_RPC, else the pair's models.toml "
+        "entry; 'none': this machine only)",
     )
     group.add_argument(
         "--tensor-split",

@@ -153,6 +153,35 @@ def test_the_split_needs_one_share_per_device_in_order():
             rpc._check_shares(bad, DEVICES)
 
 
+def test_this_machines_cpu_keeps_the_first_layers_and_is_not_a_listed_device():
+    """Listed as a device the CPU made two CPU backends and a second round trip per decode; it keeps
+    its share of the layers (the first ones) as llama.cpp keeps layers it does not offload instead, the
+    servers split the rest, and the output layer's weights are overridden to this machine's memory."""
+    lib = rpc._library()
+    cpu = rpc.local_devices(lib, gpu=False)[0]
+    placement = rpc.Placement.__new__(rpc.Placement)
+    placement.devices = [*DEVICES[:2], dataclasses.replace(DEVICES[2], ptr=cpu)]
+    placement._progress = None
+
+    def applied(shares):
+        placement.shares = shares
+        params = SimpleNamespace()
+        placement.apply(params, 28)
+        devices, split = placement._keep[0], placement._keep[1]
+        return params, [devices[i] for i in range(3)], list(split)[:2]
+
+    params, devices, split = applied((1.0, 1.0, 1.0))
+    assert devices == [1, 2, None] and split == [1.0, 1.0]  # the RPC devices alone
+    assert params.n_gpu_layers == 28 + 1 - 9  # 9 layers here (the first); 19 and the output offloaded
+    override = rpc._BuftOverride * 2
+    overrides = override.from_address(params.tensor_buft_overrides)
+    assert overrides[0].pattern == rpc.OUTPUT_HERE and overrides[0].buft and overrides[1].pattern is None
+    assert applied((1.0, 1.0, 0.0))[0].n_gpu_layers == -1  # nothing here but the output layer
+    assert applied((0.0, 0.0, 1.0))[0].n_gpu_layers == 0  # everything here
+    params, _, split = applied(())  # by free memory: 8, 2 and 1 GiB
+    assert params.n_gpu_layers == 28 + 1 - round(28 / 11) and split == [8 * GiB, 2 * GiB]
+
+
 # -- flags, models.toml and the profile key ------------------------------------------------------------------
 def _args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..errors import EngineError
 from ._backend import _ensure_backend, amx_guard
+from .gguf_header import n_layers
 
 if TYPE_CHECKING:
     from ._lora import LoraAdapter
@@ -67,7 +68,7 @@ class Model:
         self._owner = _Exclusive(f"the model {os.path.basename(path)}")
         if placement is not None:
             placement.check_fit(path)
-            placement.apply(params)
+            placement.apply(params, n_layers(path))
         load = native(placement, C.llama_model_load_from_file, "loading the target")
         self.ptr = load(path.encode("utf-8"), params)
         if not self.ptr and placement is not None:

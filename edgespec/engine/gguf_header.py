@@ -87,3 +87,9 @@ def read_header(path: str | Path) -> tuple[dict, dict[str, tuple[int, ...]]]:
             pos += 4 + 8 * n_dims + 4 + 8  # dims, type, offset
             tensors[name] = tuple(int(d) for d in dims)
     return kv, tensors
+
+
+def n_layers(path: str | Path) -> int:
+    """The model's repeating layers (``<architecture>.block_count``)."""
+    meta, _ = read_header(path)
+    return int(meta[f"{meta['general.architecture']}.block_count"])

@@ -21,9 +21,15 @@ that stops answering blocks a decode for ever. So:
   lost server and wait for ever — so those objects leak, and RPC stays unusable in this process until
   it restarts (llama.cpp keeps one connection per endpoint and cannot reconnect it).
 
-Device order follows llama.cpp's own (``llama_prepare_model_devices``): RPC devices first, then this
-machine's device, so the last layers, the output layer and the logits stay local; the draft never
-sees an RPC device (none is registered globally).
+Where the layers go. With a local GPU, the device list is the RPC devices, then the GPU (llama.cpp's
+own order, ``llama_prepare_model_devices``): the last layers, the output layer and the logits stay
+local. With this machine's CPU, listing the CPU as a device gives the graph two CPU backends (the
+device and llama.cpp's fallback), and the first local layer's norm runs on the other one: two copies
+of the last server's output, two network round trips where one is needed (traced, protocol 7.0.0).
+So the CPU is not listed: it keeps the *first* layers as llama.cpp keeps layers it does not offload
+(``n_gpu_layers``), the servers hold the rest, and the output layer's weights stay in this machine's
+memory (``tensor_buft_overrides``), so the logits never cross the network. The draft never sees an
+RPC device (none is registered globally).
 """
 
 from __future__ import annotations
@@ -67,7 +73,16 @@ _PROTOTYPES = {
     "ggml_backend_dev_description": (_str, [_p]),
     "ggml_backend_dev_memory": (None, [_p, ctypes.POINTER(_size), ctypes.POINTER(_size)]),
     "ggml_set_abort_callback": (_p, [_ABORT_CALLBACK]),
+    "ggml_backend_dev_buffer_type": (_p, [_p]),
 }
+OUTPUT_HERE = rb"^output(_norm)?\.weight$"  # the output layer's weights, kept in this machine's memory
+
+
+class _BuftOverride(ctypes.Structure):
+    """``struct llama_model_tensor_buft_override`` (llama.h): a name pattern and a buffer type, two
+    pointers; llama-cpp-python declares the field as a bare pointer."""
+
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
 
 
 def _library():
@@ -180,9 +195,10 @@ class Device:
 
 class Placement:
     """A model's devices: every device of each RPC server, in the order given, then this machine's
-    (its GPUs when ``local_gpu`` and the build has some, else its CPU) — so the output layer and the
-    logits stay local. ``shares``: llama.cpp's ``tensor_split``, one value per device (empty: by free
-    memory; a 0 for this machine keeps no layer here). ``timeout``: seconds a call may take."""
+    (its GPUs when ``local_gpu`` and the build has some, else its CPU, which is not passed to llama.cpp
+    as a device: see the module's docstring) — the output layer and the logits stay local. ``shares``:
+    llama.cpp's ``tensor_split``, one value per device (empty: by free memory; a 0 for this machine
+    keeps no layer here). ``timeout``: seconds a call may take."""
 
     def __init__(
         self, endpoints: tuple[str, ...], shares: tuple[float, ...], local_gpu: bool, timeout: float
@@ -204,7 +220,6 @@ class Placement:
         here = local_devices(lib, gpu=local_gpu)
         self.devices += [self._device(d, "this machine") for d in here]
         self.shares = _check_shares(shares, self.devices)
-        self._keep = self._arrays()
         self._progress = C.llama_progress_callback(self._loading)
 
     def _device(self, ptr: int, where: str) -> Device:
@@ -214,21 +229,44 @@ class Placement:
         self.call(memory, (ptr, ctypes.byref(free), ctypes.byref(total)), f"asking {where} for its memory")
         return Device(ptr, lib.ggml_backend_dev_name(ptr).decode(), where, free.value, total.value)
 
-    def _arrays(self):
-        devices = (ctypes.c_void_p * (len(self.devices) + 1))(*(d.ptr for d in self.devices), None)
-        split = (ctypes.c_float * max(C.llama_max_devices(), len(self.devices)))(*self.shares)
-        return devices, split
+    @property
+    def cpu_here(self) -> bool:
+        """This machine's share is its CPU (not listed as a device: see the module's docstring)."""
+        return C.llama_cpp._lib.ggml_backend_dev_type(self.devices[-1].ptr) == _CPU
+
+    def _arrays(self, n_layer: int):
+        """The device list, the split and the layers offloaded; with this machine's CPU, the list and
+        split of the RPC devices alone, its share of the layers kept (the first ones)."""
+        listed, shares = self.devices, self.shares
+        n_gpu_layers = -1  # every layer, and the output layer, over the device list
+        if self.cpu_here:
+            weights = shares or tuple(float(d.free) for d in self.devices)
+            here = round(n_layer * weights[-1] / sum(weights))
+            listed, shares = listed[:-1], tuple(weights[:-1])
+            if here >= n_layer or not any(shares):
+                n_gpu_layers = 0  # every layer here: the servers hold nothing
+            elif here > 0:
+                n_gpu_layers = n_layer + 1 - here  # llama.cpp counts the output layer as one more
+        devices = (ctypes.c_void_p * (len(listed) + 1))(*(d.ptr for d in listed), None)
+        split = (ctypes.c_float * max(C.llama_max_devices(), len(listed)))(*shares)
+        return devices, split, n_gpu_layers
 
     def _loading(self, progress: float, user_data) -> bool:
         _LINK.heartbeat = monotonic()  # a slow link loading a large model is not a silent server
         return True
 
-    def apply(self, params) -> None:
-        """Point ``llama_model_params`` at these devices: every layer on them, split as asked."""
-        devices, split = self._keep
+    def apply(self, params, n_layer: int) -> None:
+        """Point ``llama_model_params`` (of a model of ``n_layer`` layers) at these devices, split as
+        asked; with this machine's CPU, the output layer's weights kept here."""
+        devices, split, n_gpu_layers = self._keep = self._arrays(n_layer)
         params.devices = ctypes.cast(devices, ctypes.c_void_p).value
-        params.n_gpu_layers = -1  # all layers (and the output layer) over the device list
-        params.tensor_split = split if self.shares else None
+        params.n_gpu_layers = n_gpu_layers
+        params.tensor_split = split if self.shares or self.cpu_here else None
+        if self.cpu_here:
+            cpu = _library().ggml_backend_dev_buffer_type(self.devices[-1].ptr)
+            overrides = (_BuftOverride * 2)(_BuftOverride(OUTPUT_HERE, cpu), _BuftOverride(None, None))
+            self._keep += (overrides,)  # alive while llama.cpp reads it
+            params.tensor_buft_overrides = ctypes.cast(overrides, ctypes.c_void_p).value
         params.progress_callback = self._progress
 
     def call(self, fn, args: tuple, what: str):
