@@ -234,12 +234,12 @@ class Placement:
         """This machine's share is its CPU (not listed as a device: see the module's docstring)."""
         return C.llama_cpp._lib.ggml_backend_dev_type(self.devices[-1].ptr) == _CPU
 
-    def _arrays(self, n_layer: int):
+    def _arrays(self, n_layer: int, cpu_here: bool):
         """The device list, the split and the layers offloaded; with this machine's CPU, the list and
         split of the RPC devices alone, its share of the layers kept (the first ones)."""
         listed, shares = self.devices, self.shares
         n_gpu_layers = -1  # every layer, and the output layer, over the device list
-        if self.cpu_here:
+        if cpu_here:
             weights = shares or tuple(float(d.free) for d in self.devices)
             here = round(n_layer * weights[-1] / sum(weights))
             listed, shares = listed[:-1], tuple(weights[:-1])
@@ -258,11 +258,12 @@ class Placement:
     def apply(self, params, n_layer: int) -> None:
         """Point ``llama_model_params`` (of a model of ``n_layer`` layers) at these devices, split as
         asked; with this machine's CPU, the output layer's weights kept here."""
-        devices, split, n_gpu_layers = self._keep = self._arrays(n_layer)
+        cpu_here = self.cpu_here
+        devices, split, n_gpu_layers = self._keep = self._arrays(n_layer, cpu_here)
         params.devices = ctypes.cast(devices, ctypes.c_void_p).value
         params.n_gpu_layers = n_gpu_layers
-        params.tensor_split = split if self.shares or self.cpu_here else None
-        if self.cpu_here:
+        params.tensor_split = split if self.shares or cpu_here else None
+        if cpu_here:
             cpu = _library().ggml_backend_dev_buffer_type(self.devices[-1].ptr)
             overrides = (_BuftOverride * 2)(_BuftOverride(OUTPUT_HERE, cpu), _BuftOverride(None, None))
             self._keep += (overrides,)  # alive while llama.cpp reads it
