@@ -7,15 +7,15 @@ import json
 
 import numpy as np
 import pytest
-from fake_llama import FakePair
+from fake_llama import ChatFakePair
 
 from edgespec.measure import costs
 from edgespec.measure.costs import CostProfile
 
 
 @pytest.fixture(scope="module")
-def measured() -> tuple[FakePair, CostProfile]:
-    pair = FakePair(n_seq=17)
+def measured() -> tuple[ChatFakePair, CostProfile]:
+    pair = ChatFakePair(n_seq=17)  # with a chat template: attaching auto measures the fit too
     steps = []
     profile = costs.measure(
         pair, sizes=(1, 2, 4, 8), catchup_sizes=(1, 4), repeats=2, progress=lambda *a: steps.append(a)

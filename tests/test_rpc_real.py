@@ -97,9 +97,12 @@ def env(models, tmp_path_factory) -> dict:
 
 def _seed_cost_profile(home: str, models: tuple[str, str], rpc: tuple[str, ...] | None) -> None:
     """A profile on which batches cost what one token costs (as on a GPU), cached under the key
-    `generate` computes: auto speculates without measuring the pair first."""
+    `generate` computes, and the pair's fit: auto speculates without measuring the pair first."""
+    import numpy as np
+
     from edgespec.engine.pair import EngineSettings
-    from edgespec.measure import costs
+    from edgespec.measure import costs, fit
+    from edgespec.planner.auto_calibration import DraftFit
 
     runner = [SimpleNamespace(model=SimpleNamespace(path=p)) for p in models]
     settings = EngineSettings(n_ctx=1024, threads=1, repack=False, rpc=rpc)
@@ -113,6 +116,8 @@ def _seed_cost_profile(home: str, models: tuple[str, str], rpc: tuple[str, ...] 
         repeats=1,
     )
     costs.save(profile, Path(home))
+    pair = SimpleNamespace(target=runner[0], draft=runner[1])  # and a draft that fits: no fit measured
+    fit.save_fit(pair, DraftFit(np.asarray([0.8, 0.1, 0.03, 0.02]), ratio=1.0, tokens=64), Path(home))
 
 
 def generate(env: dict, models, strategy: str, *extra: str) -> dict:

@@ -35,7 +35,7 @@ import logging
 import os
 import platform
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -187,16 +187,9 @@ def profile_key(pair) -> dict:
     the RPC servers holding the target (only when there are some: local keys stay as they were)."""
     settings = pair.settings
     threads = settings.threads or os.cpu_count() or 1
-
-    def identity(runner) -> dict:
-        ident = model_identity(str(runner.model.path))
-        if ident["sha256"]:
-            return {"sha256": ident["sha256"]}
-        return {k: ident[k] for k in ("path", "size", "mtime_ns")}
-
     key = {
-        "target": identity(pair.target),
-        "draft": identity(pair.draft) if pair.draft is not None else None,
+        "target": file_key(pair.target),
+        "draft": file_key(pair.draft) if pair.draft is not None else None,
         "target_gpu_layers": settings.target_gpu_layers,
         "draft_gpu_layers": settings.draft_gpu_layers,
         "threads": threads,
@@ -207,6 +200,14 @@ def profile_key(pair) -> dict:
     if getattr(settings, "rpc", None):  # the target over RPC: its servers (and the split) are the machine
         key["rpc"] = {"servers": list(settings.rpc), "tensor_split": list(settings.tensor_split)}
     return key
+
+
+def file_key(runner) -> dict:
+    """A loaded model's file: its sha256 from the store's record, else path, size and mtime."""
+    ident = model_identity(str(runner.model.path))
+    if ident["sha256"]:
+        return {"sha256": ident["sha256"]}
+    return {k: ident[k] for k in ("path", "size", "mtime_ns")}
 
 
 def profile_path(key: dict, home: Path | None = None) -> Path:
@@ -262,17 +263,24 @@ def load_or_measure(
 def attach(
     planner, pair, progress: Progress | None = None, show_progress: bool = False, home: Path | None = None
 ) -> None:
-    """Give a planner that wants cost curves (``auto``; OPT-Tree's μ) this pair's profile, measuring
-    it if needed (a quick profile, once per pair and machine; ``show_progress`` draws a bar on stderr)."""
+    """Give a planner that wants cost curves (``auto``; OPT-Tree's μ) this pair's profile, and one that
+    wants the pair's fit (``auto``) that too, measuring what is missing (a quick profile once per pair
+    and machine, the fit once per pair; ``show_progress`` draws a bar on stderr)."""
     if not planner.wants_costs or pair.draft is None:
         return
+    from .fit import load_fit, load_or_measure_fit
+
     cached = load_cached(pair, home)
-    if cached is None and show_progress and progress is None:
-        with progress_bar("measuring this pair's cost profile (once; cached)") as bar:
-            cached = load_or_measure(pair, quick=True, progress=bar, home=home)
-    elif cached is None:
-        cached = load_or_measure(pair, quick=True, progress=progress, home=home)
-    planner.use_costs(cached.model(pair.max_nodes - 1))
+    fit = load_fit(pair, home) if planner.wants_fit else None
+    missing = cached is None or (planner.wants_fit and fit is None)
+    with ExitStack() as stack:
+        if missing and show_progress and progress is None:
+            progress = stack.enter_context(progress_bar("measuring this pair (once; cached)"))
+        if cached is None:
+            cached = load_or_measure(pair, quick=True, progress=progress, home=home)
+        planner.use_costs(cached.model(pair.max_nodes - 1))
+        if planner.wants_fit:
+            planner.use_fit(fit or load_or_measure_fit(pair, progress=progress, home=home))
 
 
 @contextmanager

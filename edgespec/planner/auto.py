@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import params
-from .auto_calibration import Calibration
+from .auto_calibration import Calibration, DraftFit
 from .auto_copies import CopySteps
 from .auto_guard import CATCH_UP_FREE, Guards
 from .auto_policy import COPY, DRAFTING, MODES, PARALLEL, PLAIN, PROBE, SPECULATE, Policy
@@ -70,6 +70,7 @@ class AutoPlanner(Planner):
     costs: CostModel | None = field(default=None, compare=False, repr=False)
     name = "auto"
     wants_costs = True
+    wants_fit = True
     calibration: Calibration = field(default_factory=Calibration, repr=False)
     copies: CopySteps = field(default_factory=CopySteps, repr=False)  # the copies' r_c, when alone pays
     guards: Guards = field(default_factory=Guards, repr=False)
@@ -92,6 +93,10 @@ class AutoPlanner(Planner):
     def use_costs(self, costs: CostModel) -> None:
         self.costs = costs
         self.calibration.use_costs(costs)
+
+    def use_fit(self, fit: DraftFit) -> None:
+        """The pair's measured fit: where r and the draft's profile start (``auto_calibration``)."""
+        self.calibration.use_fit(fit)
 
     @property
     def ratio(self) -> float:

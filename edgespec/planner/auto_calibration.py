@@ -6,6 +6,10 @@
 - **r**, the draft's calibration: tokens accepted ÷ predicted (Σ p̂ of the verified trees), decayed
   per draft-tree step, prior 1 worth ``PRIOR_WEIGHT`` tokens. A tree's expected yield is r · Σ p̂.
 - **profile**: the draft's average top-j probabilities, which forecasts grow children from.
+- **the pair's fit** (``DraftFit``, measured once per pair by ``edgespec.measure.fit``): where r and
+  the profile start, instead of a typical draft's. Without it a forecast on a flat cost curve (the
+  target behind a slow link) can say "plain" for a draft whose real top-1 is 0.8, and short answers
+  never earn a probe that would teach it otherwise.
 - **one-pass trees** (ParallelSpec): their own r (the masks' rows are not the draft's), and the
   expected length and size they came to.
 
@@ -26,6 +30,16 @@ PRIOR_WEIGHT = 4.0  # the priors count as this many observed nodes / predicted t
 PROFILE_MEMORY = 8.0  # the running profile weighs as this many nodes against a step's new ones
 DECAY = 0.97  # per observed draft-tree step: older steps fade
 FACTOR_RANGE = (0.25, 8.0)  # learned cost factors stay within this range
+
+
+@dataclass(frozen=True)
+class DraftFit:
+    """How well this draft predicts this target, measured on the target's own greedy answer: the
+    draft's mean top-j probabilities there, and r = Σ [draft's top-1 = target's token] ÷ Σ top-1 p̂."""
+
+    profile: np.ndarray  # (PROFILE_LEN,) mean top-j probabilities of the draft's distributions
+    ratio: float  # accepted ÷ predicted for a one-token draft at each position
+    tokens: int  # positions it was measured on
 
 
 @dataclass
@@ -49,6 +63,12 @@ class Calibration:
     def use_costs(self, costs: CostModel) -> None:
         self.costs = costs
         self._apply_factors()
+
+    def use_fit(self, fit: DraftFit) -> None:
+        """Start r and the profile from the pair's measured fit (weighted as the priors were)."""
+        self.accepted, self.predicted = PRIOR_WEIGHT * fit.ratio, PRIOR_WEIGHT
+        self.profile = np.asarray(fit.profile, dtype=np.float64).copy()
+        self.epoch += 1
 
     @property
     def plain_decode(self) -> float:

@@ -19,6 +19,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from .auto import CostModel
+    from .auto_calibration import DraftFit
 
 
 class ChildRule(IntEnum):
@@ -294,6 +295,7 @@ class Planner:
     - ``needs_target_root``: the target decodes the root alone first and ``plan`` gets its candidates as
       ``root_dist`` (mcsd-target-init).
     - ``wants_costs``: ``use_costs`` takes the pair's measured cost curves (auto, OPT-Tree's μ, n-gram).
+    - ``wants_fit``: ``use_fit`` takes how well the draft predicts the target, measured once (auto).
     - ``observe``: sees every finished step (planners that learn from outcomes); by default ignores it.
     - ``draft_setup``: the draft model it needs (the plain draft, or a parallel drafter with masks).
     """
@@ -303,6 +305,7 @@ class Planner:
     needs_draft: ClassVar[bool] = True
     needs_target_root: ClassVar[bool] = False
     wants_costs: ClassVar[bool] = False
+    wants_fit: ClassVar[bool] = False
 
     def plan(self, root_token: int, drafter: Drafter | None, ctx: PlanContext) -> DraftTree:
         raise NotImplementedError
@@ -320,6 +323,10 @@ class Planner:
     def use_costs(self, costs: CostModel) -> None:
         """Take the pair's cost curves (called only when ``wants_costs``)."""
         raise TypeError(f"{self.name} does not use cost curves")
+
+    def use_fit(self, fit: DraftFit) -> None:
+        """Take the pair's measured fit (called only when ``wants_fit``)."""
+        raise TypeError(f"{self.name} does not use the pair's fit")
 
     def observe(self, event: StepOutcome) -> None:
         """Learn from a finished step (its tree, accepted path and timings). Most planners do not."""

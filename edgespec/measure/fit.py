@@ -1,0 +1,149 @@
+"""The pair's fit: how well the draft predicts the target, measured once per pair and cached.
+
+``auto`` forecasts a draft tree's yield from the draft's confidence (its top-j probabilities) and r,
+accepted ÷ predicted. Before it has drafted it can only assume a typical draft (top-1 0.6, r = 1), and
+on a flat cost curve — the target behind a slow link — that forecast says "plain" for a draft whose
+real top-1 is 0.8; short answers never earn a probe that would teach it otherwise. So the fit is
+measured instead, on the target's own greedy answers to a few built-in requests (``FIT_REQUESTS``,
+``FIT_TOKENS`` tokens each) — what greedy speculation verifies:
+
+1. the target answers greedily: its token x_i at each position is its argmax there;
+2. the draft reads the same prompt and answer as one chain, each level one decode (``Draft.expand``:
+   the distributions its trees are grown from), giving its top-k distribution q_i at each position;
+3. profile = mean over i of q_i's top-j probabilities; r = Σ [argmax q_i = x_i] ÷ Σ max q_i — a
+   one-token draft at position i is accepted exactly when its top-1 is the target's token.
+
+It depends on the two model files only (not the threads, the offload or the link), so it is cached
+beside the cost profiles, keyed by them: ``<data home>/profiles/fit-<key>.json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ..decoding.chat import ChatSettings, Message, prompt_tokens
+from ..errors import EngineError
+from ..models.paths import home_dir
+from ..planner.auto_calibration import PROFILE_LEN, DraftFit
+from ..planner.tree import TreeBuilder
+from .costs import file_key, llama_version
+
+FIT_VERSION = 1
+FIT_TOKENS = 32  # target tokens per request
+FIT_REQUESTS = (
+    "Write a Python function that merges overlapping intervals, with a docstring.",
+    "Explain in a few sentences why the sky is blue.",
+)
+Progress = Callable[[str, int, int], None]
+
+
+def fit_key(pair) -> dict:
+    return {
+        "version": FIT_VERSION,
+        "target": file_key(pair.target),
+        "draft": file_key(pair.draft),
+        "llama_cpp_python": llama_version(),
+        "requests": list(FIT_REQUESTS),
+        "tokens": FIT_TOKENS,
+    }
+
+
+def fit_path(key: dict, home: Path | None = None) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return (home or home_dir()) / "profiles" / f"fit-{digest}.json"
+
+
+def load_fit(pair, home: Path | None = None) -> DraftFit | None:
+    """The pair's cached fit (None: not measured yet)."""
+    try:
+        data = json.loads(fit_path(fit_key(pair), home).read_text())
+        profile = np.asarray(data["profile"], dtype=np.float64)
+        return DraftFit(profile, float(data["ratio"]), int(data["tokens"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def load_or_measure_fit(pair, progress: Progress | None = None, home: Path | None = None) -> DraftFit:
+    """The pair's cached fit, measured (and cached) when missing."""
+    fit = load_fit(pair, home)
+    if fit is not None:
+        return fit
+    fit = measure_fit(pair, progress=progress)
+    save_fit(pair, fit, home)
+    return fit
+
+
+def save_fit(pair, fit: DraftFit, home: Path | None = None) -> Path:
+    key = fit_key(pair)
+    path = fit_path(key, home)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"key": key, "profile": fit.profile.tolist(), "ratio": fit.ratio, "tokens": fit.tokens}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=1))
+    tmp.replace(path)
+    return path
+
+
+def measure_fit(pair, requests: Sequence[str] = FIT_REQUESTS, progress: Progress | None = None) -> DraftFit:
+    """Steps 1–3 of the module's docstring over ``requests``; leaves both caches to be synced again."""
+    tops, agree = [], []
+    total = len(requests) * FIT_TOKENS * 2
+    for r, request in enumerate(requests):
+        prompt = _prompt(pair, request)
+
+        def tick(what: str, i: int, r: int = r) -> None:
+            if progress is not None:
+                progress(f"draft fit: {what}", r * FIT_TOKENS * 2 + i, total)
+
+        answer = _greedy_answer(pair.target, prompt, lambda i: tick("target", i))
+        for dist, token in zip(_draft_chain(pair.draft, prompt, answer, lambda i: tick("draft", i)), answer):
+            row = np.zeros(PROFILE_LEN)
+            k = min(PROFILE_LEN, dist.probs.shape[0])
+            row[:k] = dist.probs[:k]
+            tops.append(row)
+            agree.append(float(dist.ids[0] == token))
+    if not tops:
+        raise ValueError("the target ended every fit request at once: no tokens to measure the draft on")
+    profile = np.mean(tops, axis=0)
+    return DraftFit(profile, float(np.sum(agree) / max(np.sum(np.asarray(tops)[:, 0]), 1e-9)), len(tops))
+
+
+def _prompt(pair, request: str) -> list[int]:
+    """The request in the target's chat template; as plain text for a model without one."""
+    try:
+        tokens, _ = prompt_tokens(pair, [Message("user", request)], ChatSettings(max_tokens=FIT_TOKENS))
+    except EngineError:  # no chat template (a base model, run with --raw)
+        tokens = pair.target.model.tokenize(request)
+    return tokens
+
+
+def _greedy_answer(target, prompt: Sequence[int], tick: Callable[[int], None]) -> list[int]:
+    """x_1 … x_n: the target's argmax at each position, until FIT_TOKENS or an end-of-generation token."""
+    row, _ = target.prefill(prompt)
+    answer: list[int] = []
+    for i in range(FIT_TOKENS):
+        token = int(np.argmax(row))
+        if target.model.is_eog(token):
+            break
+        answer.append(token)
+        row = target.decode_root(token)
+        tick(i + 1)
+    return answer
+
+
+def _draft_chain(draft, prompt: Sequence[int], answer: Sequence[int], tick: Callable[[int], None]):
+    """q_1 … q_n: the draft's distribution before each answer token, the answer read as one chain."""
+    draft.sync(prompt)  # holds the prompt but its last token: the chain's root
+    draft.begin_step(1.0)
+    tree, node = TreeBuilder(int(prompt[-1])), 0
+    for i, token in enumerate(answer):
+        (dist,) = draft.expand(tree, [node])
+        yield dist
+        node = tree.add(node, int(token), dist.prob_of(int(token)))
+        tick(FIT_TOKENS + i + 1)
+    draft.begin_step(1.0)

@@ -1,0 +1,103 @@
+"""The pair's fit (``measure/fit.py``): measured through the engine on the fake pair, checked against the
+fake models' own logits, cached per pair, attached to ``auto`` — and what it changes in auto's choice."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from fake_llama import ChatFakePair
+from fakes import SyntheticDrafter, sparse
+
+from edgespec.decoding.chat import ChatSettings, Message, prompt_tokens
+from edgespec.measure import costs, fit
+from edgespec.planner.auto import PLAIN, SPECULATE, AutoPlanner
+from edgespec.planner.auto_calibration import DraftFit
+from edgespec.planner.costmodel import CostModel
+from edgespec.planner.tree import PlanContext
+
+
+@pytest.fixture(scope="module")
+def pair() -> ChatFakePair:
+    return ChatFakePair(n_seq=17, draft_noise=1.5)
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    e = np.exp(logits.astype(np.float64) - logits.max())
+    return e / e.sum()
+
+
+def test_the_fit_is_the_draft_against_the_targets_own_greedy_answer(pair):
+    """Recomputed from the fake models' logits: the target's argmax chain, the draft's softmax there."""
+    measured = fit.measure_fit(pair, requests=("first request", "second"))
+    target_model, draft_model = pair.target.model, pair.draft.model
+    top1, agree, n = [], [], 0
+    for request in ("first request", "second"):
+        seen, _ = prompt_tokens(pair, [Message("user", request)], ChatSettings(max_tokens=fit.FIT_TOKENS))
+        for _ in range(fit.FIT_TOKENS):
+            token = int(np.argmax(target_model.logits(tuple(seen))))
+            if token == 0:  # the fake vocabulary's end of generation
+                break
+            q = _softmax(draft_model.logits(tuple(seen)))
+            top1.append(q.max())
+            agree.append(float(np.argmax(q) == token))
+            seen.append(token)
+            n += 1
+    assert measured.tokens == n > fit.FIT_TOKENS  # both requests answered
+    assert measured.profile[0] == pytest.approx(np.mean(top1), rel=1e-6)
+    assert measured.ratio == pytest.approx(sum(agree) / sum(top1), rel=1e-6)
+    assert 0 < sum(agree) < n  # the noisy draft is sometimes right, sometimes not: a real ratio
+    assert np.all(np.diff(measured.profile) <= 0) and measured.profile.sum() <= 1 + 1e-9
+
+
+def test_the_fit_is_cached_per_pair_and_attached_to_auto(pair, tmp_path, monkeypatch):
+    calls = []
+    real = fit.measure_fit
+    monkeypatch.setattr(fit, "measure_fit", lambda *a, **k: calls.append(1) or real(*a, **k))
+    planner = AutoPlanner()
+    costs.attach(planner, pair, home=tmp_path)
+    assert calls == [1] and len(list((tmp_path / "profiles").glob("fit-*.json"))) == 1
+    measured = fit.load_fit(pair, tmp_path)
+    assert measured is not None and planner.calibration.profile.tolist() == measured.profile.tolist()
+    assert planner.ratio == pytest.approx(measured.ratio)
+    again = AutoPlanner()
+    costs.attach(again, pair, home=tmp_path)  # both cached now: nothing measured
+    assert calls == [1] and again.ratio == pytest.approx(measured.ratio)
+    # The fit does not depend on the threads (the cost profile does).
+    assert fit.fit_key(pair) == fit.fit_key(pair) and "threads" not in fit.fit_key(pair)
+
+
+# Over a slow link (issue 38's RPC table, 20 ms each way): a target call costs ~0.24 s whatever the batch,
+# plus ~64 ms per extra token of compute; a draft level ~80 ms.
+SLOW_LINK = CostModel.from_functions(lambda n: 0.242 + 0.064 * (n - 1), lambda n: 0.079 + 0.004 * (n - 1))
+
+
+def _first_step(planner: AutoPlanner, q: float) -> str:
+    drafter = SyntheticDrafter(lambda path: sparse([q, 0.06, 0.03, 0.02], ids=[5 + len(path), 1, 2, 3]))
+    ctx = PlanContext(sampling=False, rng=np.random.default_rng(0), max_nodes=65, fresh=True)
+    planner.plan(7, drafter, ctx)
+    return planner.mode
+
+
+def test_a_measured_fit_lets_auto_draft_from_the_first_step_over_a_slow_link():
+    """With a typical draft's prior (top-1 0.6) the forecast says plain, and a fresh answer has no credit
+    for a probe: a draft that is really right 80 % of the time would never be tried. Its fit says so."""
+    assert _first_step(AutoPlanner(costs=SLOW_LINK), q=0.8) == PLAIN
+    good = AutoPlanner(costs=SLOW_LINK)
+    good.use_fit(DraftFit(np.array([0.8, 0.08, 0.03, 0.02]), ratio=1.0, tokens=64))
+    assert _first_step(good, q=0.8) == SPECULATE
+    poor = AutoPlanner(costs=SLOW_LINK)  # a confident draft the target seldom agrees with: still plain
+    poor.use_fit(DraftFit(np.array([0.8, 0.08, 0.03, 0.02]), ratio=0.5, tokens=64))
+    assert _first_step(poor, q=0.8) == PLAIN
+
+
+def test_a_model_without_a_chat_template_is_fitted_on_the_plain_requests():
+    from edgespec.errors import EngineError
+
+    base = ChatFakePair(n_seq=17, draft_noise=1.5)
+
+    def no_template(messages):
+        raise EngineError("fake has no chat template; use `edgespec generate --raw` for plain text.")
+
+    base.target.model.apply_chat_template = no_template
+    measured = fit.measure_fit(base, requests=("plain text",))
+    assert measured.tokens > 0 and 0 < measured.profile[0] <= 1
