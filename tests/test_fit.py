@@ -11,7 +11,7 @@ from fakes import SyntheticDrafter, sparse
 from edgespec.decoding.chat import ChatSettings, Message, prompt_tokens
 from edgespec.measure import costs, fit
 from edgespec.planner.auto import PLAIN, SPECULATE, AutoPlanner
-from edgespec.planner.auto_calibration import DraftFit
+from edgespec.planner.auto_calibration import PRIOR_PROFILE, DraftFit
 from edgespec.planner.costmodel import CostModel
 from edgespec.planner.tree import PlanContext
 
@@ -101,3 +101,13 @@ def test_a_model_without_a_chat_template_is_fitted_on_the_plain_requests():
     base.target.model.apply_chat_template = no_template
     measured = fit.measure_fit(base, requests=("plain text",))
     assert measured.tokens > 0 and 0 < measured.profile[0] <= 1
+
+
+def test_a_target_that_ends_every_request_at_once_leaves_auto_its_prior(tmp_path, monkeypatch):
+    silent = ChatFakePair(n_seq=17)
+    monkeypatch.setattr(silent.target.model, "is_eog", lambda token: True)
+    assert fit.measure_fit(silent) is None
+    planner = AutoPlanner()
+    costs.attach(planner, silent, home=tmp_path)  # measures the cost profile; no fit to give
+    assert planner.costs is not None and planner.calibration.profile.tolist() == PRIOR_PROFILE.tolist()
+    assert not list((tmp_path / "profiles").glob("fit-*.json"))  # nothing cached: tried again next time

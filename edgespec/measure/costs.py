@@ -279,8 +279,9 @@ def attach(
         if cached is None:
             cached = load_or_measure(pair, quick=True, progress=progress, home=home)
         planner.use_costs(cached.model(pair.max_nodes - 1))
-        if planner.wants_fit:
-            planner.use_fit(fit or load_or_measure_fit(pair, progress=progress, home=home))
+        fit = fit or (load_or_measure_fit(pair, progress=progress, home=home) if planner.wants_fit else None)
+        if fit is not None:
+            planner.use_fit(fit)
 
 
 @contextmanager

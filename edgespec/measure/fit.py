@@ -68,13 +68,14 @@ def load_fit(pair, home: Path | None = None) -> DraftFit | None:
         return None
 
 
-def load_or_measure_fit(pair, progress: Progress | None = None, home: Path | None = None) -> DraftFit:
-    """The pair's cached fit, measured (and cached) when missing."""
+def load_or_measure_fit(pair, progress: Progress | None = None, home: Path | None = None) -> DraftFit | None:
+    """The pair's cached fit, measured (and cached) when missing; None when the target ends every
+    request at once (nothing to measure the draft on: auto keeps its prior)."""
     fit = load_fit(pair, home)
-    if fit is not None:
-        return fit
-    fit = measure_fit(pair, progress=progress)
-    save_fit(pair, fit, home)
+    if fit is None:
+        fit = measure_fit(pair, progress=progress)
+        if fit is not None:
+            save_fit(pair, fit, home)
     return fit
 
 
@@ -89,8 +90,11 @@ def save_fit(pair, fit: DraftFit, home: Path | None = None) -> Path:
     return path
 
 
-def measure_fit(pair, requests: Sequence[str] = FIT_REQUESTS, progress: Progress | None = None) -> DraftFit:
-    """Steps 1–3 of the module's docstring over ``requests``; leaves both caches to be synced again."""
+def measure_fit(
+    pair, requests: Sequence[str] = FIT_REQUESTS, progress: Progress | None = None
+) -> DraftFit | None:
+    """Steps 1–3 of the module's docstring over ``requests`` (None: the target answered none of them);
+    leaves both caches to be synced again."""
     tops, agree = [], []
     total = len(requests) * FIT_TOKENS * 2
     for r, request in enumerate(requests):
@@ -108,7 +112,7 @@ def measure_fit(pair, requests: Sequence[str] = FIT_REQUESTS, progress: Progress
             tops.append(row)
             agree.append(float(dist.ids[0] == token))
     if not tops:
-        raise ValueError("the target ended every fit request at once: no tokens to measure the draft on")
+        return None
     profile = np.mean(tops, axis=0)
     return DraftFit(profile, float(np.sum(agree) / max(np.sum(np.asarray(tops)[:, 0]), 1e-9)), len(tops))
 
