@@ -1,12 +1,9 @@
 """Cost profile of a loaded pair: seconds per decode as a function of batch size, on this machine.
 
-What ``auto`` needs to decide whether (and how much) to speculate:
-
-- ``target``: the target verifying a tree of n tokens (root included), every row output — n = 1 is
-  plain decoding;
-- ``draft``: one draft level of n nodes (one batched decode, every row output, plus the top-k
-  reduction of the rows — what ``Draft.expand`` costs);
-- ``catchup``: the draft decoding n committed tokens in a row (what it pays after plain steps).
+What ``auto`` needs to decide whether (and how much) to speculate: ``target``, the target verifying a
+tree of n tokens (root included, every row output; n = 1 is plain decoding); ``draft``, one draft level
+of n nodes (one batched decode and the top-k of its rows: ``Draft.expand``); ``catchup``, the draft
+decoding n committed tokens in a row (what it pays after plain steps).
 
 Measured through the engine's public API only (``Target.verify`` of chain trees, ``Draft.expand`` of
 one level, ``decode_committed``), rolled back with ``sync``. A subset of sizes is measured with
@@ -21,10 +18,8 @@ such sizes only if the profile shows them.
 
 The profile is cached as JSON in ``<data home>/profiles/`` keyed by the model files (sha256 from the
 store's record, else size and mtime), the offload, the threads, the weight repacking, the
-llama.cpp build and, for a target over RPC, its servers and split.
-
-    profile = load_or_measure(pair)            # cached after the first time
-    planner.use_costs(profile.model())         # what `auto` consumes (pure numbers)
+llama.cpp build and, for a target over RPC, its servers and split. ``attach`` gives planners the
+profile (``profile.model()``: pure numbers) and ``auto`` the pair's fit too (``fit.py``).
 """
 
 from __future__ import annotations
@@ -270,17 +265,13 @@ def attach(
         return
     from .fit import load_fit, load_or_measure_fit
 
-    cached = load_cached(pair, home)
-    fit = load_fit(pair, home) if planner.wants_fit else None
-    missing = cached is None or (planner.wants_fit and fit is None)
+    cached, fit = load_cached(pair, home), load_fit(pair, home) if planner.wants_fit else None
     with ExitStack() as stack:
-        if missing and show_progress and progress is None:
+        if (cached is None or (planner.wants_fit and fit is None)) and show_progress and progress is None:
             progress = stack.enter_context(progress_bar("measuring this pair (once; cached)"))
-        if cached is None:
-            cached = load_or_measure(pair, quick=True, progress=progress, home=home)
+        cached = cached or load_or_measure(pair, quick=True, progress=progress, home=home)
         planner.use_costs(cached.model(pair.max_nodes - 1))
-        fit = fit or (load_or_measure_fit(pair, progress=progress, home=home) if planner.wants_fit else None)
-        if fit is not None:
+        if planner.wants_fit and (fit := fit or load_or_measure_fit(pair, progress=progress, home=home)):
             planner.use_fit(fit)
 
 
