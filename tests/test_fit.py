@@ -3,6 +3,8 @@ fake models' own logits, cached per pair, attached to ``auto`` — and what it c
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from fake_llama import ChatFakePair
@@ -62,8 +64,15 @@ def test_the_fit_is_cached_per_pair_and_attached_to_auto(pair, tmp_path, monkeyp
     again = AutoPlanner()
     costs.attach(again, pair, home=tmp_path)  # both cached now: nothing measured
     assert calls == [1] and again.ratio == pytest.approx(measured.ratio)
-    # The fit does not depend on the threads (the cost profile does).
-    assert fit.fit_key(pair) == fit.fit_key(pair) and "threads" not in fit.fit_key(pair)
+    # Another thread count is another cost profile, but the same fit (it depends on the model files).
+    before = pair.settings
+    pair.settings = dataclasses.replace(before, threads=7)
+    try:
+        third = AutoPlanner()
+        costs.attach(third, pair, home=tmp_path)  # measures a profile for 7 threads, not the fit
+        assert calls == [1] and len(list((tmp_path / "profiles").glob("costs-*.json"))) == 2
+    finally:
+        pair.settings = before
 
 
 # Over a slow link (issue 38's RPC table, 20 ms each way): a target call costs ~0.24 s whatever the batch,
