@@ -288,11 +288,10 @@ def test_bench_command_on_the_bundled_pair(tmp_path, monkeypatch, capsys):
     from edgespec.measure import costs, fit
 
     bundled_paths()  # skips without the models
-    monkeypatch.setattr(costs, "home_dir", lambda: tmp_path)  # a fresh, small cost profile
+    monkeypatch.setattr(costs, "home_dir", lambda: tmp_path)  # a fresh, small cost profile and fit
     monkeypatch.setattr(costs, "QUICK_SIZES", (1, 2, 4))
     monkeypatch.setattr(costs, "QUICK_CATCHUP_SIZES", (1, 4))
-    monkeypatch.setattr(fit, "home_dir", lambda: tmp_path)  # auto's fit too, on a few tokens
-    monkeypatch.setattr(fit, "FIT_TOKENS", 4)
+    monkeypatch.setattr(fit, "FIT_TOKENS", 4)  # auto's fit on a few tokens
     prompts = tmp_path / "one.jsonl"
     prompts.write_text('{"prompt": "Write a Python function that adds two numbers."}\n')
     out_json, out_png = tmp_path / "b.json", tmp_path / "b.png"

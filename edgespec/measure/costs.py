@@ -18,8 +18,7 @@ such sizes only if the profile shows them.
 
 The profile is cached as JSON in ``<data home>/profiles/`` keyed by the model files (sha256 from the
 store's record, else size and mtime), the offload, the threads, the weight repacking, the
-llama.cpp build and, for a target over RPC, its servers and split. ``attach`` gives planners the
-profile (``profile.model()``: pure numbers) and ``auto`` the pair's fit too (``fit.py``).
+llama.cpp build and, for a target over RPC, its servers and split; ``attach`` gives it to planners.
 """
 
 from __future__ import annotations
@@ -205,9 +204,9 @@ def file_key(runner) -> dict:
     return {k: ident[k] for k in ("path", "size", "mtime_ns")}
 
 
-def profile_path(key: dict, home: Path | None = None) -> Path:
+def profile_path(key: dict, home: Path | None = None, kind: str = "costs") -> Path:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return (home or home_dir()) / "profiles" / f"costs-{digest}.json"
+    return (home or home_dir()) / "profiles" / f"{kind}-{digest}.json"
 
 
 def load_cached(pair, home: Path | None = None) -> CostProfile | None:
@@ -220,12 +219,14 @@ def load_cached(pair, home: Path | None = None) -> CostProfile | None:
 
 
 def save(profile: CostProfile, home: Path | None = None) -> Path:
-    path = profile_path(profile.key, home)
+    return write_json(profile_path(profile.key, home), profile.as_dict())
+
+
+def write_json(path: Path, data: dict) -> Path:
+    """Write ``data`` to ``path`` whole or not at all (a temporary file, then a rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(profile.as_dict(), indent=1))
-    tmp.replace(path)
-    return path
+    (tmp := path.with_suffix(".tmp")).write_text(json.dumps(data, indent=1))
+    return tmp.replace(path)
 
 
 def load_or_measure(
@@ -258,12 +259,11 @@ def load_or_measure(
 def attach(
     planner, pair, progress: Progress | None = None, show_progress: bool = False, home: Path | None = None
 ) -> None:
-    """Give a planner that wants cost curves (``auto``; OPT-Tree's μ) this pair's profile, and one that
-    wants the pair's fit (``auto``) that too, measuring what is missing (a quick profile once per pair
-    and machine, the fit once per pair; ``show_progress`` draws a bar on stderr)."""
+    """Give a planner this pair's cost profile if it ``wants_costs`` and its fit if it ``wants_fit``,
+    measuring what is missing (``show_progress``: a bar on stderr)."""
     if not planner.wants_costs or pair.draft is None:
         return
-    from .fit import load_fit, load_or_measure_fit
+    from .fit import load_fit, measure_and_save_fit
 
     cached, fit = load_cached(pair, home), load_fit(pair, home) if planner.wants_fit else None
     with ExitStack() as stack:
@@ -271,7 +271,7 @@ def attach(
             progress = stack.enter_context(progress_bar("measuring this pair (once; cached)"))
         cached = cached or load_or_measure(pair, quick=True, progress=progress, home=home)
         planner.use_costs(cached.model(pair.max_nodes - 1))
-        if planner.wants_fit and (fit := fit or load_or_measure_fit(pair, progress=progress, home=home)):
+        if planner.wants_fit and (fit := fit or measure_and_save_fit(pair, progress, home)):
             planner.use_fit(fit)
 
 

@@ -19,7 +19,6 @@ beside the cost profiles, keyed by them: ``<data home>/profiles/fit-<key>.json``
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -27,11 +26,11 @@ from pathlib import Path
 import numpy as np
 
 from ..decoding.chat import ChatSettings, Message, prompt_tokens
+from ..decoding.decoder import Request, generate
 from ..errors import EngineError
-from ..models.paths import home_dir
 from ..planner.auto_calibration import PROFILE_LEN, DraftFit
 from ..planner.tree import TreeBuilder
-from .costs import file_key, llama_version
+from .costs import file_key, llama_version, profile_path, write_json
 
 FIT_VERSION = 1
 FIT_TOKENS = 32  # target tokens per request
@@ -54,8 +53,7 @@ def fit_key(pair) -> dict:
 
 
 def fit_path(key: dict, home: Path | None = None) -> Path:
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return (home or home_dir()) / "profiles" / f"fit-{digest}.json"
+    return profile_path(key, home, kind="fit")
 
 
 def load_fit(pair, home: Path | None = None) -> DraftFit | None:
@@ -68,26 +66,19 @@ def load_fit(pair, home: Path | None = None) -> DraftFit | None:
         return None
 
 
-def load_or_measure_fit(pair, progress: Progress | None = None, home: Path | None = None) -> DraftFit | None:
-    """The pair's cached fit, measured (and cached) when missing; None when the target ends every
-    request at once (nothing to measure the draft on: auto keeps its prior)."""
-    fit = load_fit(pair, home)
-    if fit is None:
-        fit = measure_fit(pair, progress=progress)
-        if fit is not None:
-            save_fit(pair, fit, home)
+def measure_and_save_fit(pair, progress: Progress | None = None, home: Path | None = None) -> DraftFit | None:
+    """Measure the pair's fit and cache it; None when the target ends every request at once (nothing to
+    measure the draft on: auto keeps its prior, and the next start tries again)."""
+    fit = measure_fit(pair, progress=progress)
+    if fit is not None:
+        save_fit(pair, fit, home)
     return fit
 
 
 def save_fit(pair, fit: DraftFit, home: Path | None = None) -> Path:
     key = fit_key(pair)
-    path = fit_path(key, home)
-    path.parent.mkdir(parents=True, exist_ok=True)
     record = {"key": key, "profile": fit.profile.tolist(), "ratio": fit.ratio, "tokens": fit.tokens}
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1))
-    tmp.replace(path)
-    return path
+    return write_json(fit_path(key, home), record)
 
 
 def measure_fit(
@@ -104,7 +95,7 @@ def measure_fit(
             if progress is not None:
                 progress(f"draft fit: {what}", r * FIT_TOKENS * 2 + i, total)
 
-        answer = _greedy_answer(pair.target, prompt, lambda i: tick("target", i))
+        answer = _greedy_answer(pair, prompt, lambda i: tick("target", i))
         for dist, token in zip(_draft_chain(pair.draft, prompt, answer, lambda i: tick("draft", i)), answer):
             row = np.zeros(PROFILE_LEN)
             k = min(PROFILE_LEN, dist.probs.shape[0])
@@ -126,17 +117,12 @@ def _prompt(pair, request: str) -> list[int]:
     return tokens
 
 
-def _greedy_answer(target, prompt: Sequence[int], tick: Callable[[int], None]) -> list[int]:
-    """x_1 … x_n: the target's argmax at each position, until FIT_TOKENS or an end-of-generation token."""
-    row, _ = target.prefill(prompt)
+def _greedy_answer(pair, prompt: Sequence[int], tick: Callable[[int], None]) -> list[int]:
+    """x_1 … x_n: the target's greedy answer (plain decoding), FIT_TOKENS at most."""
     answer: list[int] = []
-    for i in range(FIT_TOKENS):
-        token = int(np.argmax(row))
-        if target.model.is_eog(token):
-            break
-        answer.append(token)
-        row = target.decode_root(token)
-        tick(i + 1)
+    for event in generate(pair, None, Request(prompt=list(prompt), max_tokens=FIT_TOKENS)):
+        answer.extend(event.token_ids)
+        tick(len(answer))
     return answer
 
 
