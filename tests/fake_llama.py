@@ -77,7 +77,13 @@ class FakeContext:
         self._rng = random.Random(rng_seed)
 
     # -- decode -----------------------------------------------------------------------------------
-    def decode(self, tokens, positions, seq_ids, want_logits) -> None:
+    remote = False  # a model on RPC servers: ``meanwhile`` runs while it decodes
+    ahead_polls: tuple[int, ...] = (3,)  # how often ``meanwhile`` may ask "done?" and hear no (cycled)
+
+    def decode(self, tokens, positions, seq_ids, want_logits, meanwhile=None) -> None:
+        if meanwhile is not None and self.remote:  # the real one overlaps; the order does not matter
+            polls = self.ahead_polls[self.decodes % len(self.ahead_polls)]
+            meanwhile(_Countdown(polls))
         start = perf_counter()
         tokens, positions = [int(t) for t in tokens], [int(p) for p in positions]
         seq_ids = [tuple(int(s) for s in ids) for ids in seq_ids]
@@ -93,7 +99,10 @@ class FakeContext:
         self._rows = np.stack(rows) if rows else np.zeros((0, self.n_vocab), dtype=np.float32)
         self.decodes += 1
         self.batch_sizes.append(len(tokens))
-        self.decode_seconds += perf_counter() - start
+        self.last_decode = perf_counter() - start
+        self.decode_seconds += self.last_decode
+        if self.remote:
+            self.last_decode = 60.0  # as over a slow link: a look-ahead is never cut short by the clock
 
     def _visible(self, cell: Cell) -> tuple[int, ...]:
         seq = self._rng.choice(sorted(cell.seqs))  # which id counts as "first" is arbitrary
@@ -154,6 +163,17 @@ class FakeContext:
 
     def committed_view(self) -> list[tuple[int, int, frozenset]]:
         return sorted((c.pos, c.token, frozenset(c.seqs)) for c in self.cells)
+
+
+class _Countdown:
+    """A ``threading.Event`` that is set once it has been asked ``polls`` times."""
+
+    def __init__(self, polls: int):
+        self.polls = polls
+
+    def is_set(self) -> bool:
+        self.polls -= 1
+        return self.polls < 0
 
 
 class FakePair:

@@ -65,7 +65,8 @@ class SyntheticTarget:
         self.committed.append(int(root))
         return self.logits[root]
 
-    def verify(self, tree: DraftTree, root_row: np.ndarray | None = None) -> tuple[None, np.ndarray]:
+    def verify(self, tree: DraftTree, root_row: np.ndarray | None = None, meanwhile=None):
+        """``meanwhile``: never called (a target on this machine: nothing overlaps its decode)."""
         self._decode(tree.size - (root_row is not None))
         return None, self.logits[np.asarray(tree.token_ids)]
 
@@ -83,6 +84,7 @@ class SyntheticDraft:
         self.vocab_limit = len(dists)
         self.pending: list[int] = []
         self.decode_seconds, self.decodes = 0.0, 0
+        self.reused, self.ahead_seconds = 0, 0.0  # no look-ahead: the target is on this machine
         self._decoded: set[tuple[int, ...]] = set()  # token paths decoded this step
 
     def _decode(self, seconds: float) -> None:

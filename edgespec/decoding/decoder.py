@@ -81,6 +81,8 @@ def generate(
             finish = "stop"
         if finish is not None:
             text += detok.flush() if finish != "stop" else ""
+            if planner is not None and planner.needs_draft:
+                pair.draft.drop_ahead()  # the cache holds the conversation only, as between replies
         yield replace(
             step.event,
             tokens=tokens,
@@ -165,6 +167,8 @@ class _NoDraft:
     decode_seconds = 0.0
     decodes = 0
     pending = ()
+    reused = 0
+    ahead_seconds = 0.0
 
     def begin_step(self, temperature: float) -> None:
         pass
@@ -202,7 +206,8 @@ def speculative_step(
         verified = perf_counter()
         verdict, emitted = Verdict((0,), token), (EmittedToken(token, Provenance.TARGET, margin),)
     else:
-        layout, target_rows = target.verify(tree, root_row)  # pack + the one target decode
+        meanwhile = _look_ahead(draft, planner, target, tree)
+        layout, target_rows = target.verify(tree, root_row, meanwhile)  # pack + the one target decode
         verified = perf_counter()
         verdict, path_margins = decide(tree, target_rows, params, rng)
         emitted = provenance(tree, verdict, path_margins)
@@ -214,7 +219,8 @@ def speculative_step(
         plan=plan_seconds - draft.decode_seconds,
         verify=verified - start + root_seconds,
         bookkeeping=end - verified,
-        python=end - step_start - (_llama_seconds(pair) - decoding),
+        # the look-ahead's draft decodes overlapped the target's (counted in full): not Python either
+        python=end - step_start - (_llama_seconds(pair) - decoding - draft.ahead_seconds),
     )
     event = StepEvent(
         tokens=emitted,
@@ -226,6 +232,7 @@ def speculative_step(
         accepted_path=verdict.path,
         verified_nodes=tree.size,
         draft_decodes=draft.decodes,
+        reused=draft.reused,
         depth=tree.height,
         leaves=len(tree.leaves),
         expected_accept=tree.stats.expected_accept,
@@ -234,6 +241,16 @@ def speculative_step(
     )
     planner.observe(event)  # planners that learn from outcomes (auto, the copiers' acceptance rates)
     return _Step(emitted, verdict.next_token, event)
+
+
+def _look_ahead(draft, planner: Planner, target, tree: DraftTree):
+    """What the draft does while a target on RPC servers verifies ``tree``: it looks ahead along the
+    tree's likeliest path (``Draft.look_ahead``), hiding the next step's drafting when the target
+    accepts that path. None where nothing can overlap the verify (a target on this machine)."""
+    if not (planner.needs_draft and getattr(target.ctx, "remote", False)):
+        return None
+    expected = target.verify_seconds  # the last verify's: the next tree is usually of the same size
+    return lambda done: draft.look_ahead(tree, done, expected)
 
 
 def _llama_seconds(pair) -> float:

@@ -62,6 +62,7 @@ class StepEvent:
     accepted_path: tuple[int, ...] = ()  # tree node indices of the accepted path, root first
     verified_nodes: int = 1  # tokens in the target's batch
     draft_decodes: int = 0
+    reused: int = 0  # drafted nodes the draft had decoded already, looking ahead during the last verify
     depth: int = 0
     leaves: int = 0
     expected_accept: float = 0.0  # planner's E[A] (predicted accepted draft tokens)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from time import perf_counter
 from typing import TYPE_CHECKING
@@ -219,6 +219,8 @@ class Context:
         self._logits_view, self._logits_address = np.empty((0, self.n_vocab), np.float32), 0
         self._owner = _Exclusive(f"the llama context of {os.path.basename(model.path)}")
         self.decode_seconds = 0.0  # running total of time inside llama_decode (callers take differences)
+        self.last_decode = 0.0  # the last decode's seconds, from its start to its end
+        self.remote = model.placement is not None  # layers on RPC servers: decodes on the link's worker
         self._decode = native(model.placement, _decode_and_wait, "decoding")
         self._clear = native(model.placement, C.llama_memory_clear, "clearing the cache")
 
@@ -240,35 +242,48 @@ class Context:
         positions: Sequence[int],
         seq_ids: Sequence[Sequence[int]],
         want_logits: Sequence[bool],
+        meanwhile: Callable[[threading.Event], None] | None = None,
     ) -> None:
-        """One ``llama_decode`` of a batch given token by token (parents before children)."""
+        """One ``llama_decode`` of a batch given token by token (parents before children).
+
+        ``meanwhile(done)``: work to do while a model on RPC servers decodes — the decode runs on the
+        link's worker thread (``rpc.py``) and ``done`` is set when it is over; the decode's result is
+        waited for after it. Not called for a model on this machine (it would compete for the cores)."""
         n = len(tokens)
         if n > self.settings.n_batch:
             raise EngineError(f"a batch of {n} tokens exceeds n_batch={self.settings.n_batch}")
         with self._owner:
             self._live()
-            rc = self._fill_and_decode(tokens, positions, seq_ids, want_logits)
+            self._fill(tokens, positions, seq_ids, want_logits)
+            start = perf_counter()
+            placement = self.model.placement
+            if meanwhile is None or placement is None:
+                rc = self._decode(self.ptr, self._batch)  # waits for a GPU's asynchronous work too
+                self.last_decode = perf_counter() - start
+            else:
+                done, wait = placement.start(self._timed_decode, (start,), "decoding")
+                try:
+                    meanwhile(done)
+                finally:
+                    rc = wait()
+            self.decode_seconds += perf_counter() - start
         if rc != 0:
             raise EngineError(_decode_failure(rc, n, self.n_ctx))
 
-    def _fill_and_decode(self, tokens, positions, seq_ids, want_logits) -> int:
-        n = len(tokens)
+    def _timed_decode(self, start: float) -> int:
+        """The decode as the RPC worker runs it, its own duration kept (``meanwhile`` may outlast it)."""
+        rc = _decode_and_wait(self.ptr, self._batch)
+        self.last_decode = perf_counter() - start
+        return rc
+
+    def _fill(self, tokens, positions, seq_ids, want_logits) -> None:
         batch = self._batch
-        for i in range(n):
-            batch.token[i] = tokens[i]
-            batch.pos[i] = positions[i]
-            ids = seq_ids[i]
-            batch.n_seq_id[i] = len(ids)
+        for i, (token, position, ids, want) in enumerate(zip(tokens, positions, seq_ids, want_logits)):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, position, len(ids), want
             row = batch.seq_id[i]
             for j, s in enumerate(ids):
                 row[j] = s
-            batch.logits[i] = want_logits[i]
-        batch.n_tokens = n
-        start = perf_counter()
-        rc = self._decode(self.ptr, batch)
-        C.llama_synchronize(self.ptr)  # a GPU's decode returns before it is done: its time is counted here
-        self.decode_seconds += perf_counter() - start
-        return rc
+        batch.n_tokens = len(tokens)
 
     def logits_rows(self, n_rows: int) -> np.ndarray:
         """Zero-copy, read-only (n_rows, V) view of the last decode's output rows, in batch order.
@@ -374,16 +389,12 @@ def release(placement: Placement | None, fn, ptr) -> None:
 
 
 def _decode_failure(rc: int, n_tokens: int, n_ctx: int) -> str:
-    if rc == 1:
-        return (
-            f"no room in the KV cache for {n_tokens} more tokens (context {n_ctx}). Start a new chat, "
-            "raise --ctx, or use a smaller draft budget."
-        )
-    if rc == 2:
-        return "decoding was aborted."
-    if rc == -1:
-        return (
-            f"llama.cpp rejected a batch of {n_tokens} tokens as invalid (sequence ids or positions). "
-            "This is an edgespec bug: please report it with the command you ran."
-        )
-    return f"llama_decode failed with code {rc} (fatal backend error; set EDGESPEC_LLAMA_LOG=1 for details)."
+    known = {
+        1: f"no room in the KV cache for {n_tokens} more tokens (context {n_ctx}). Start a new chat, raise "
+        "--ctx, or use a smaller draft budget.",
+        2: "decoding was aborted.",
+        -1: f"llama.cpp rejected a batch of {n_tokens} tokens as invalid (sequence ids or positions). This "
+        "is an edgespec bug: please report it with the command you ran.",
+    }
+    return known.get(rc, f"llama_decode failed with code {rc} (fatal backend error; set EDGESPEC_LLAMA_LOG=1 "
+                     "for details).")

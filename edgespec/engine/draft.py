@@ -1,9 +1,17 @@
 """The draft model: expands a tree level by level, one batched decode per level (the planners'
 ``Drafter``), or — ParallelSpec — drafts every depth at once; and its KV bookkeeping
-(``runners.CachedModel``)."""
+(``runners.CachedModel``).
+
+While a target on RPC servers verifies a tree, the draft looks ahead (``look_ahead``): it extends the
+tree's likeliest path with its own top-1 tokens. When the target accepts that path and writes the
+draft's guess next, ``commit`` keeps those cells and ``expand`` answers the next step's nodes on them
+from what was decoded already: that drafting was hidden behind the verify. Every reused distribution
+is the one the draft would compute for the same tokens, so the planners — and the output — are
+unchanged; only when the draft work happens moves."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from time import perf_counter
 
@@ -11,6 +19,8 @@ from ..planner.tree import DraftTree, SparseDist, TreeBuilder
 from ._llama import Context
 from .rows import draft_dists
 from .runners import CachedModel
+
+AHEAD_TOKENS = 8  # most tokens a look-ahead decodes past the tree's likeliest path
 
 
 class Draft(CachedModel):
@@ -34,6 +44,14 @@ class Draft(CachedModel):
         self._seq_taken: set[int] = set()  # nodes whose sequence a child already reused
         self._used_seqs: list[int] = []
         self._root_pos = 0
+        self._path_dist: dict[tuple[int, ...], SparseDist] = {}  # decoded node's path → its distribution
+        self._path_node: dict[tuple[int, ...], int] = {}  # … → its node (the look-ahead's: negative)
+        # What the last look-ahead left past the root (whose path starts the keys): distributions of
+        # nodes already decoded in the sequence ``_ahead_seq``; reused by the next step's ``expand``.
+        self._ahead: dict[tuple[int, ...], SparseDist] = {}
+        self._ahead_seq = 0
+        self.reused = 0  # nodes this step whose distribution came from the look-ahead
+        self.ahead_seconds = 0.0  # time the look-ahead decoded this step (overlapping the verify)
 
     def sync(self, tokens: Sequence[int]) -> int:
         """Hold ``tokens[:-1]``; the last token is the pending root, decoded with the first level."""
@@ -49,11 +67,16 @@ class Draft(CachedModel):
         self.pending = [int(t) for t in tokens[keep:]]
         return keep
 
+    def keep_prefix(self, tokens: Sequence[int]) -> int:
+        self._ahead = {}  # its cells are past the committed prefix: removed with everything there
+        return super().keep_prefix(tokens)
+
     def absorb(self, limit: int) -> bool:
         """Between replies: decode up to ``limit`` pending tokens into the committed prefix (never the
         last, the root: the next prompt decides what follows it). True while more are left to absorb."""
         todo = self.pending[: max(0, min(limit, len(self.pending) - 1))]
         if todo:
+            self.drop_ahead()
             self.decode_committed(todo, want_last=False)
             del self.pending[: len(todo)]
         return len(self.pending) > 1
@@ -66,24 +89,41 @@ class Draft(CachedModel):
         self._path_seq.clear()
         self._seq_taken.clear()
         self._used_seqs = []
+        self._path_dist.clear()
+        self._path_node.clear()
+        self.reused = 0
+        self.ahead_seconds = 0.0
 
     def expand(self, tree: TreeBuilder, nodes: Sequence[int]) -> list[SparseDist]:
         start = perf_counter()
         if list(nodes) == [0]:
-            # The root: catch up on what the target committed last step (accepted tokens the draft never
-            # decoded, then the new root), straight into the committed prefix (every tagged id).
+            dists = self._expand_root(tree)
+        else:
+            dists = self._decode_level(tree, nodes)
+        self.decode_seconds += perf_counter() - start
+        for node, dist in zip(nodes, dists):
+            tree.dists[node] = dist
+            self._path_dist[tuple(tree.path_tokens(node))] = dist
+        return dists
+
+    def _expand_root(self, tree: TreeBuilder) -> list[SparseDist]:
+        """The root: catch up on what the target committed last step (accepted tokens the draft never
+        decoded, then the new root), straight into the committed prefix (every tagged id) — or nothing,
+        when the look-ahead decoded the root already."""
+        root = (int(tree.tokens[0]),)
+        if root in self._ahead and not self.pending:
+            self._used_seqs.append(self._ahead_seq)  # its cells past the root go at commit unless kept
+            self.reused += 1
+            dists = [self._ahead[root]]
+        else:
+            self.drop_ahead()
             pending = self._catch_up(room=self.ctx.settings.n_batch)
             base, tagged = len(self.committed), self.tagged_seqs
             positions = range(base, base + len(pending))
             dists = self._decode_top_k(pending, positions, [tagged] * len(pending), 1)  # in every tagged id
+            self.decodes += 1
             self.committed.extend(pending)
-            self._root_committed(tree)
-        else:
-            dists = self._decode_level(tree, nodes)
-        self.decode_seconds += perf_counter() - start
-        self.decodes += 1
-        for node, dist in zip(nodes, dists):
-            tree.dists[node] = dist
+        self._root_committed(tree)
         return dists
 
     def _decode_top_k(self, tokens, positions, seq_ids, n_rows: int) -> list[SparseDist]:
@@ -129,8 +169,7 @@ class Draft(CachedModel):
         (in every tagged sequence) and nothing is left to catch up on."""
         self.pending = []
         self._root_pos = len(self.committed) - 1
-        self._node_seq[0] = None
-        self._path_seq[(int(tree.tokens[0]),)] = None
+        self._assign(0, (int(tree.tokens[0]),), None)
 
     def _catch_up(self, room: int) -> list[int]:
         """The pending tokens that fit in ``room`` of the next batch (the root last); a longer catch-up
@@ -143,31 +182,59 @@ class Draft(CachedModel):
         return pending
 
     def _decode_level(self, tree: TreeBuilder, nodes: Sequence[int]) -> list[SparseDist]:
-        seqs = []
+        """One level: nodes the look-ahead decoded already keep its sequence and distribution (first,
+        so that they, not a sibling, continue it); the others are decoded in one batch."""
+        dists: dict[int, SparseDist] = {}
         for node in nodes:
-            parent = tree.parents[node]
+            path, parent = tuple(tree.path_tokens(node)), tree.parents[node]
             if parent not in self._node_seq:
                 raise ValueError(f"node {node} expanded before its parent {parent} (planner bug)")
-            parent_seq = self._node_seq[parent]
-            if parent_seq is not None and parent not in self._seq_taken:
-                seq = parent_seq  # the first child continues its parent's sequence: no copy needed
-                self._seq_taken.add(parent)
-            else:
-                seq = self._fresh_seq()
-                if parent_seq is not None:  # see the parent's path: tag it with the new id
-                    self.ctx.seq_cp(
-                        parent_seq, seq, self._root_pos + 1, self._root_pos + tree.depth[parent] + 1
-                    )
-            self._node_seq[node] = seq
-            self._path_seq[tuple(tree.path_tokens(node))] = seq
-            seqs.append(seq)
-        positions = [self._root_pos + tree.depth[node] for node in nodes]
-        tokens = [tree.tokens[node] for node in nodes]
-        return self._decode_top_k(tokens, positions, [(seq,) for seq in seqs], len(nodes))
+            if self._reusable(parent, path):
+                dists[node] = self._reuse(node, parent, path)
+                self.reused += 1
+        todo = [node for node in nodes if node not in dists]
+        if todo:
+            seqs = [self._seq_below(tree.parents[node], tree.depth[node]) for node in todo]
+            for node, seq in zip(todo, seqs):
+                self._assign(node, tuple(tree.path_tokens(node)), seq)
+            positions = [self._root_pos + tree.depth[node] for node in todo]
+            tokens = [tree.tokens[node] for node in todo]
+            decoded = self._decode_top_k(tokens, positions, [(seq,) for seq in seqs], len(todo))
+            dists.update(zip(todo, decoded))
+            self.decodes += 1
+        return [dists[node] for node in nodes]
+
+    def _reusable(self, parent: int, path: tuple[int, ...]) -> bool:
+        """The last look-ahead decoded this node, in the sequence its parent is in (or below the root)."""
+        return path in self._ahead and self._node_seq[parent] in (None, self._ahead_seq)
+
+    def _reuse(self, node: int, parent: int, path: tuple[int, ...]) -> SparseDist:
+        """Take a node the last look-ahead decoded: its cell (in its sequence) and distribution."""
+        self._assign(node, path, self._ahead_seq)
+        self._seq_taken.add(parent)  # the node continues its parent's sequence
+        if any(len(other) > len(path) for other in self._ahead):
+            self._seq_taken.add(node)  # that sequence holds a deeper cell: the node's children need new ids
+        self._path_dist[path] = self._ahead[path]
+        return self._ahead[path]
+
+    def _assign(self, node: int, path: tuple[int, ...], seq: int | None) -> None:
+        self._node_seq[node], self._path_seq[path], self._path_node[path] = seq, seq, node
+
+    def _seq_below(self, parent: int, depth: int) -> int:
+        """The sequence id of a new node at ``depth`` below ``parent``: the parent's own for its first
+        child (no copy needed), else a fresh one tagged on the parent's path."""
+        parent_seq = self._node_seq[parent]
+        if parent_seq is not None and parent not in self._seq_taken:
+            self._seq_taken.add(parent)
+            return parent_seq
+        seq = self._fresh_seq()
+        if parent_seq is not None:  # see the parent's path: tag it with the new id
+            self.ctx.seq_cp(parent_seq, seq, self._root_pos + 1, self._root_pos + depth)
+        return seq
 
     def _fresh_seq(self) -> int:
-        seq = len(self._used_seqs)
-        if seq >= self.n_seq:
+        seq = next((s for s in range(self.n_seq) if s not in self._used_seqs), None)
+        if seq is None:
             raise ValueError(
                 f"the tree needs more than {self.n_seq} draft sequences (planner exceeded max_nodes)"
             )
@@ -175,23 +242,73 @@ class Draft(CachedModel):
         self._used_seqs.append(seq)
         return seq
 
+    # -- looking ahead while the target verifies -----------------------------------------------------
+    def look_ahead(self, tree: DraftTree, done: threading.Event, expected: float = 0.0) -> None:
+        """While the target verifies ``tree`` (``done`` is set when it has): extend the tree's likeliest
+        path — the leaf with the largest p̂ — with the draft's top-1 tokens, one decode a token, at most
+        ``AHEAD_TOKENS``. ``expected``: how long the verify should take (0: unknown); a token is begun
+        only while more than half a decode of it is likely left, so the step rarely waits for the draft.
+        """
+        if self.mask_ids or not self._path_seq:
+            return  # ParallelSpec's masks, or no draft work this step (nothing decoded to extend)
+        start = perf_counter()
+        leaf = max(tree.leaves, key=lambda node: (tree.path_probs[node], tree.depths[node]))
+        tokens = tree.path_tokens(leaf)
+        known = len(tokens)
+        while tuple(tokens[:known]) not in self._path_dist:
+            known -= 1  # the root's is always known
+        path, tail = tuple(tokens[:known]), list(tokens[known:])  # tail: the path's undecoded end
+        level = 0.0  # the last look-ahead decode's seconds
+        while not done.is_set() and len(path) < known + AHEAD_TOKENS:
+            token = tail.pop(0) if tail else int(self._path_dist[path].ids[0])
+            parent, path = self._path_node[path], path + (token,)
+            node = -len(path)  # look-ahead nodes: negative keys
+            if self._reusable(parent, path):
+                self._reuse(node, parent, path)  # decoded by the last look-ahead already
+                continue
+            position = self._root_pos + len(path) - 1
+            late = expected and perf_counter() - start + level / 2 > expected
+            full = position >= self.n_ctx or len(self._used_seqs) >= self.n_seq
+            if late or full or self.model.is_eog(token):
+                break
+            began = perf_counter()
+            seq = self._seq_below(parent, len(path) - 1)
+            self._assign(node, path, seq)
+            self._path_dist[path] = self._decode_top_k([token], [position], [(seq,)], 1)[0]
+            level = perf_counter() - began
+        self.ahead_seconds += perf_counter() - start
+
+    def drop_ahead(self) -> None:
+        """Forget the look-ahead (a reply's end): its cells, past the committed prefix, go."""
+        if self._ahead:
+            self.ctx.seq_rm(self._ahead_seq, len(self.committed))
+            self._ahead = {}
+
     def commit(self, tree: DraftTree, path: Sequence[int], next_token: int) -> None:
-        """Keep the decoded part of the accepted path; queue the rest and the new root."""
-        path_tokens = [tree.token_ids[node] for node in path]
-        accepted_tokens = path_tokens[1:]
+        """Keep the decoded part of the accepted path; queue the rest and the new root. When the draft
+        decoded the new root too (it looked ahead and guessed the target's token), keep that root and
+        what was decoded below it in the same sequence: the next step's ``expand`` reuses them."""
+        written = [tree.token_ids[node] for node in path] + [int(next_token)]  # the old root first
         if not self._path_seq:  # nothing was drafted: the old root is still pending too
-            self.pending.extend(accepted_tokens + [int(next_token)])
+            self.drop_ahead()
+            self.pending.extend(written[1:])
             return
-        # The decoded part of the accepted path is a prefix of it (a node is decoded after its parent).
+        # The decoded part of what was written is a prefix of it (a node is decoded after its parent).
         decoded = 0
-        while decoded < len(accepted_tokens) and tuple(path_tokens[: decoded + 2]) in self._path_seq:
+        while decoded < len(written) - 1 and tuple(written[: decoded + 2]) in self._path_seq:
             decoded += 1
-        start = self._root_pos + 1
+        start, ahead = self._root_pos + 1, decoded == len(written) - 1
+        keep = self._path_seq[tuple(written[: decoded + 1])]
         if decoded:
-            end = start + decoded
-            self._keep_branch(self._path_seq[tuple(path_tokens[: decoded + 1])], self._used_seqs, start, end)
+            self._keep_branch(keep, self._used_seqs, start, start + decoded, keep_after=ahead)
         else:
             for seq in self._used_seqs:
                 self.ctx.seq_rm(seq, start)
-        self.committed.extend(accepted_tokens[:decoded])
-        self.pending = accepted_tokens[decoded:] + [int(next_token)]
+        self.committed.extend(written[1 : decoded + 1])
+        self.pending = written[decoded + 1 :]
+        self._ahead, self._ahead_seq, n = {}, keep, len(written)
+        if ahead:  # the paths below the new root still in ``keep``, keyed from the new root
+            below = (p for p, seq in self._path_seq.items() if seq == keep and p[:n] == tuple(written))
+            self._ahead = {p[n - 1 :]: self._path_dist[p] for p in below}
+            # cells of ``keep`` deeper than what is known of them (an older look-ahead's) go
+            self.ctx.seq_rm(keep, len(self.committed) - 1 + max(map(len, self._ahead)))

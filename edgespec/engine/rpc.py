@@ -40,6 +40,7 @@ import os
 import queue
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from time import monotonic
 
@@ -125,6 +126,10 @@ class _Link:
         self._abort_message = ""
 
     def call(self, fn, args: tuple, what: str, endpoints: tuple[str, ...], timeout: float):
+        return self.wait(self.submit(fn, args), what, endpoints, timeout)
+
+    def submit(self, fn, args: tuple) -> _Job:
+        """Hand ``fn(*args)`` to the worker; ``wait`` for it (one job in flight at a time)."""
         if self.lost:
             raise RpcLost(self.lost)
         if self._worker is None:
@@ -134,6 +139,10 @@ class _Link:
         job = _Job(fn, args)
         self._current, self.heartbeat = job, monotonic()
         self._jobs.put(job)
+        return job
+
+    def wait(self, job: _Job, what: str, endpoints: tuple[str, ...], timeout: float):
+        """``job``'s result, waited for at most ``timeout`` seconds without progress."""
         while not job.done.wait(max(0.0, min(1.0, self.heartbeat + timeout - monotonic()))):
             if monotonic() - self.heartbeat >= timeout:
                 names = ", ".join(endpoints)
@@ -276,6 +285,12 @@ class Placement:
     def guard(self, fn, what: str):
         """``fn`` run on the RPC worker, waited for at most ``timeout`` seconds."""
         return lambda *args: self.call(fn, args, what)
+
+    def start(self, fn, args: tuple, what: str) -> tuple[threading.Event, Callable[[], object]]:
+        """``fn(*args)`` begun on the RPC worker: an event set when it is over, and the function that
+        waits for its result as ``call`` does. The caller may work meanwhile (the draft looks ahead)."""
+        job = _LINK.submit(fn, args)
+        return job.done, lambda: _LINK.wait(job, what, self.endpoints, self.timeout)
 
     def release(self, fn, ptr) -> None:
         """Free ``ptr`` with ``fn`` — unless a server was lost: then it leaks (freeing would wait for

@@ -77,14 +77,18 @@ class CachedModel:
             self.ctx.seq_cp(0, seq, 0, end)
         self.tagged_seqs = tuple(range(max(n_ids, len(self.tagged_seqs))))
 
-    def _keep_branch(self, keep_seq: int, used_seqs: Sequence[int], start: int, end: int) -> None:
+    def _keep_branch(
+        self, keep_seq: int, used_seqs: Sequence[int], start: int, end: int, keep_after: bool = False
+    ) -> None:
         """Commit the cells of ``keep_seq`` in [start, end) and drop every other speculative cell.
 
-        1. ``keep_seq`` leaves the cells after the accepted path (its rejected descendants);
+        1. ``keep_seq`` leaves the cells after the accepted path (its rejected descendants), unless
+           ``keep_after`` (the draft's look-ahead past them: ``Draft.commit``);
         2. every other used sequence leaves all speculative positions;
         3. the accepted cells are tagged with the w ids, joining the committed prefix.
         """
-        self.ctx.seq_rm(keep_seq, end)
+        if not keep_after:
+            self.ctx.seq_rm(keep_seq, end)
         for seq in used_seqs:
             if seq != keep_seq:
                 self.ctx.seq_rm(seq, start)
@@ -111,6 +115,7 @@ class Target(CachedModel):
         super().__init__(ctx)
         # end-of-turn and chat-template tokens (copies stop before them); read at load, not on a first step
         self.turn_tokens = self.model.turn_tokens()
+        self.verify_seconds = 0.0  # the last tree's verify (what a look-ahead may overlap)
 
     def prefill(self, prompt: Sequence[int]) -> tuple[np.ndarray, int]:
         """Hold ``prompt``, keeping the longest prefix of ``prompt[:-1]`` already held and decoding the
@@ -123,11 +128,15 @@ class Target(CachedModel):
         """Plain decoding: the root alone, straight into the committed prefix."""
         return self.decode_committed([root], want_last=True)
 
-    def verify(self, tree: DraftTree, root_row: np.ndarray | None = None) -> tuple[TreeLayout, np.ndarray]:
+    def verify(
+        self, tree: DraftTree, root_row: np.ndarray | None = None, meanwhile=None
+    ) -> tuple[TreeLayout, np.ndarray]:
         """Decode the packed tree; returns its layout and the (n, V) logits rows, one per node.
 
         ``root_row``: the root is already committed by ``decode_root`` (mcsd-target-init) and this is
         its row; only the drafted nodes are packed, at the same positions and sequence ids.
+        ``meanwhile(done)``: work overlapping the decode when the target is on RPC servers
+        (``Context.decode``): the draft's look-ahead.
         """
         layout = tree_layout(tree.parent_ids)
         self._tag_prefix(layout.n_leaves, len(self.committed))  # every leaf id sees the prefix
@@ -139,8 +148,9 @@ class Target(CachedModel):
             return layout, np.vstack([root_row[None, :], self.ctx.logits_rows(n)])
         if tree.size == 1:  # nothing drafted: plain decoding, committed at once
             return layout, self.decode_root(tree.token_ids[0])[None, :]
-        base = len(self.committed)
-        self.ctx.decode(tree.tokens, base + layout.depth, layout.seq_ids, [True] * tree.size)
+        positions = len(self.committed) + layout.depth
+        self.ctx.decode(tree.tokens, positions, layout.seq_ids, [True] * tree.size, meanwhile=meanwhile)
+        self.verify_seconds = self.ctx.last_decode
         return layout, self.ctx.logits_rows(tree.size)
 
     def commit(

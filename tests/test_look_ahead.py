@@ -1,0 +1,96 @@
+"""The draft's look-ahead while a target on RPC servers verifies (``Draft.look_ahead``), on the strict
+fake context: a remote fake target runs the decoder's ``meanwhile`` as the real RPC link would (the
+fake answers "not done yet" a set number of times, so the look-ahead's length is deterministic).
+
+Reused distributions are the draft's own for the same tokens, so the output must not change at all:
+greedy answers equal plain decoding, sampled answers equal the same seed's without a look-ahead, token
+for token, and after every reply both caches hold the conversation only.
+"""
+
+from __future__ import annotations
+
+import pytest
+from fake_llama import FakePair
+from test_engine_fake import STRATEGIES, _assert_cache_is_committed, _echo_prompt, _plain, _run
+
+from edgespec.decoding.decoder import Request, generate
+from edgespec.decoding.sampling import SamplingParams
+from edgespec.planner.chain import ChainPlanner
+from edgespec.planner.strategies import build as make_planner
+
+POLLS = [(0,), (2,), (8,), (0, 5, 2, 9, 1)]  # "not done" answers per verify (cycled over the steps)
+
+
+def _remote_pair(polls, **kwargs) -> FakePair:
+    pair = FakePair(**kwargs)
+    pair.target.ctx.remote = True
+    pair.target.ctx.ahead_polls = polls
+    return pair
+
+
+@pytest.mark.parametrize("polls", POLLS)
+@pytest.mark.parametrize("strategy", STRATEGIES + ["auto"])
+def test_every_strategy_looking_ahead_equals_plain_decoding(strategy, polls):
+    echo = _echo_prompt()
+    pair = _remote_pair(polls, n_seq=33)
+    options = {} if strategy == "auto" else {"budget": 16}
+    tokens, _ = _run(pair, make_planner(strategy, options), prompt=echo)
+    assert tokens == _plain(prompt=echo)
+    _assert_cache_is_committed(pair.target)
+    _assert_cache_is_committed(pair.draft)  # the last look-ahead's cells are gone with the reply
+
+
+@pytest.mark.parametrize("planner", ["chain:2", "chain:4", "dyspec:8", "opt-tree:8"])
+def test_the_look_ahead_saves_draft_decodes_when_the_target_takes_its_path(planner):
+    """A draft close to the target (noise 0.3): the target often accepts the likeliest path and then
+    writes the draft's guess, so the next step starts on nodes decoded during the verify."""
+    name, budget = planner.split(":")
+    make = (lambda: ChainPlanner(gamma=int(budget))) if name == "chain" else (
+        lambda: make_planner(name, {"budget": int(budget)})
+    )
+    plain = _plain(max_tokens=80)
+    runs = {}
+    for polls in [(0,), (8,)]:
+        pair = _remote_pair(polls, n_seq=33, draft_noise=0.3)
+        tokens, events = _run(pair, make(), max_tokens=80)
+        assert tokens == plain
+        runs[polls] = events
+    reused = sum(e.reused for e in runs[(8,)])
+    assert sum(e.reused for e in runs[(0,)]) == 0  # done at once: nothing looked ahead
+    assert reused >= 5
+    # every reused node is a draft decode's worth of work (or more) the step did not wait for
+    without = sum(e.draft_decodes for e in runs[(0,)])
+    assert sum(e.draft_decodes for e in runs[(8,)]) < without
+
+
+@pytest.mark.parametrize("planner", ["chain:3", "dyspec:8", "opt-tree:8", "auto"])
+def test_sampled_answers_do_not_change_when_the_draft_looks_ahead(planner):
+    """The reused distributions are exactly the ones the draft would compute then (the fake's logits
+    are exact), and the look-ahead draws nothing from the random stream: the same seed, the same
+    answer."""
+    name, _, budget = planner.partition(":")
+    sampling = SamplingParams(temperature=0.9, top_k=20, seed=5)
+    answers, reused = [], 0
+    for remote in (False, True):
+        pair = _remote_pair((8,) if remote else (0,), n_seq=33, draft_noise=0.3)
+        pair.target.ctx.remote = remote
+        options = {"budget": int(budget)} if budget else {}
+        tokens, events = _run(pair, make_planner(name, options), max_tokens=60, sampling=sampling)
+        answers.append(tokens)
+        reused += sum(e.reused for e in events) if remote else 0
+        _assert_cache_is_committed(pair.draft)
+    assert answers[0] == answers[1]
+    if name != "auto":  # auto may decode plainly on the fake's cost-free curve
+        assert reused > 0
+
+
+def test_a_next_request_starts_clean_after_a_look_ahead():
+    """Two turns on one pair: the second keeps the first's common prefix (as the chat does) and still
+    equals plain decoding; a look-ahead never leaks into the next prompt's cells."""
+    pair = _remote_pair((8,), n_seq=33, draft_noise=0.3)
+    planner = ChainPlanner(gamma=3)
+    first, _ = _run(pair, planner, max_tokens=30)
+    follow_up = [5, 17, 3, 29, 8, 40, 12] + first + [9, 21, 14]
+    second = [t.id for e in generate(pair, planner, Request(follow_up, max_tokens=30)) for t in e.tokens]
+    assert second == _plain(max_tokens=30, prompt=follow_up)
+    _assert_cache_is_committed(pair.draft)
