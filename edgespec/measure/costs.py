@@ -30,7 +30,7 @@ import os
 import platform
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from statistics import median
@@ -264,13 +264,13 @@ def attach(
     if not planner.wants_costs or pair.draft is None:
         return
     from .fit import load_fit, measure_and_save_fit
-
     cached, fit = load_cached(pair, home), load_fit(pair, home) if planner.wants_fit else None
     with ExitStack() as stack:
         if (cached is None or (planner.wants_fit and fit is None)) and show_progress and progress is None:
             progress = stack.enter_context(progress_bar("measuring this pair (once; cached)"))
         cached = cached or load_or_measure(pair, quick=True, progress=progress, home=home)
-        planner.use_costs(cached.model(pair.max_nodes - 1))
+        ahead = getattr(pair.target.ctx, "remote", False)  # on RPC servers: the draft looks ahead meanwhile
+        planner.use_costs(replace(cached.model(pair.max_nodes - 1), look_ahead=ahead))
         if planner.wants_fit and (fit := fit or measure_and_save_fit(pair, progress, home)):
             planner.use_fit(fit)
 

@@ -30,6 +30,7 @@ PRIOR_WEIGHT = 4.0  # the priors count as this many observed nodes / predicted t
 PROFILE_MEMORY = 8.0  # the running profile weighs as this many nodes against a step's new ones
 DECAY = 0.97  # per observed draft-tree step: older steps fade
 FACTOR_RANGE = (0.25, 8.0)  # learned cost factors stay within this range
+LOOK_AHEAD_CHAIN = 4  # the chain the look-ahead's prior assumes (``Calibration._look_ahead_prior``)
 
 
 @dataclass(frozen=True)
@@ -59,16 +60,31 @@ class Calibration:
     draft_predicted: float = 0.0  # the last step's drafting seconds as profiled (set by the trees)
     epoch: int = 0  # bumped whenever anything a forecast reads changes
     _factors_used: tuple[float, float] = (1.0, 1.0)
+    _drafting_measured: bool = False  # a step measured the drafting factor (the prior is left behind)
 
     def use_costs(self, costs: CostModel) -> None:
         self.costs = costs
         self._apply_factors()
+        self._look_ahead_prior()
 
     def use_fit(self, fit: DraftFit) -> None:
         """Start r and the profile from the pair's measured fit (weighted as the priors were)."""
         self.accepted, self.predicted = PRIOR_WEIGHT * fit.ratio, PRIOR_WEIGHT
         self.profile = np.asarray(fit.profile, dtype=np.float64).copy()
         self.epoch += 1
+        self._look_ahead_prior()
+
+    def _look_ahead_prior(self) -> None:
+        """Where the draft looks ahead while the target verifies (``costs.look_ahead``), a step's
+        drafting is done already when the target accepted the last tree's likeliest path and then
+        wrote the draft's top-1 token: for a chain of n at per-token acceptance α = r · p₁, with
+        probability α^(n + 1). Until steps have measured it, the drafting factor is what is left on
+        average, 1 − α^(n + 1) with n = ``LOOK_AHEAD_CHAIN`` (the steps then correct it)."""
+        if self.costs is None or not self.costs.look_ahead or self._drafting_measured:
+            return
+        alpha = min(1.0, self.ratio * float(self.profile[0]))
+        self.draft_factor = 1.0 - alpha ** (LOOK_AHEAD_CHAIN + 1)
+        self._apply_factors()
 
     @property
     def plain_decode(self) -> float:
@@ -90,7 +106,7 @@ class Calibration:
         target = c.target.copy()
         target[1:] *= self.batch_factor
         draft, catchup = c.draft * self.draft_factor, c.catchup * self.draft_factor
-        self.effective = CostModel(target, draft, catchup, c.overhead)
+        self.effective = CostModel(target, draft, catchup, c.overhead, c.look_ahead)
         self._factors_used = (self.batch_factor, self.draft_factor)
         self.epoch += 1
 
@@ -108,6 +124,7 @@ class Calibration:
             self.batch_factor = float(np.clip(_ema(self.batch_factor, measured, 0.3), low, high))
         drafting = event.timings.draft + event.timings.plan
         if self.draft_predicted > 0 and drafting > 0:
+            self._drafting_measured = True
             measured = drafting / self.draft_predicted / plain
             self.draft_factor = float(np.clip(_ema(self.draft_factor, measured, 0.3), low, high))
         used_b, used_d = self._factors_used

@@ -40,6 +40,7 @@ class CostModel:
     draft: np.ndarray  # (N,) one draft level of n nodes (decode + top-k of every row)
     catchup: np.ndarray  # (N,) the draft decoding n committed tokens in a row
     overhead: float = 3e-4  # Python per speculative step besides the decodes (verify rule, KV, event)
+    look_ahead: bool = False  # the draft works while the target verifies (a target on RPC servers)
 
     @classmethod
     def from_functions(
