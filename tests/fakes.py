@@ -81,6 +81,9 @@ class SyntheticDrafter:
         """The distribution after ``path`` without counting a decode (for reference implementations)."""
         return self.dist_fn(tuple(int(t) for t in path))
 
+    def known(self, path: Sequence[int]) -> bool:
+        return False  # no look-ahead here
+
     def expand(self, tree: TreeBuilder, nodes: Sequence[int]) -> list[SparseDist]:
         done = self._expanded.setdefault(tree, set())
         nodes = [int(n) for n in nodes]

@@ -96,6 +96,9 @@ class SyntheticDraft:
     def begin_step(self, temperature: float) -> None:
         self.decode_seconds, self.decodes, self._decoded = 0.0, 0, set()
 
+    def known(self, path: Sequence[int]) -> bool:
+        return False  # no look-ahead here
+
     def expand(self, tree: TreeBuilder, nodes: Sequence[int]) -> list[SparseDist]:
         if list(nodes) == [0]:  # the root, with the draft's catch-up on what it has not decoded
             self._decode(float(self.costs.k(len(self.pending))))

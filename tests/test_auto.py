@@ -160,8 +160,9 @@ def test_poor_acceptance_turns_auto_off_then_probes_within_budget():
 
 def test_a_profile_that_flatters_batches_is_corrected_by_measurements():
     # The profile says "memory-bound" (e.g. measured while the machine was busy), but every verify
-    # really costs n plain decodes: after one step auto has measured that and decodes plainly, but
-    # for probes within their budget.
+    # really costs n plain decodes: auto stops drafting after one step (the guard), learns the batches'
+    # cost from the next tree of that size (a size's first verify is no evidence: it may pay one-off
+    # work) and then decodes plainly, but for probes within their budget.
     costs = memory_bound(jump=2.5, draft=0.001)
     planner = AutoPlanner(costs=costs)
     c1 = float(costs.t(1))
@@ -177,7 +178,8 @@ def test_a_profile_that_flatters_batches_is_corrected_by_measurements():
             total += verify + drafting
             lost += verify + drafting - (accepted + 1) * c1
     assert modes[0] == SPECULATE and planner.calibration.batch_factor > 2.5
-    assert modes[1:].count(SPECULATE) == 0 and 0 < modes.count(PROBE) <= 3
+    checks = modes[1:].count(SPECULATE) + modes.count(PROBE)  # the retry that measures, and probes
+    assert modes[1:].count(SPECULATE) <= 1 and 0 < checks <= 4
     assert lost / total <= 2 * planner.probe_budget
 
 

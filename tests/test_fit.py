@@ -4,6 +4,7 @@ fake models' own logits, cached per pair, attached to ``auto`` — and what it c
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -97,6 +98,33 @@ def test_a_measured_fit_lets_auto_draft_from_the_first_step_over_a_slow_link():
     poor = AutoPlanner(costs=SLOW_LINK)  # a confident draft the target seldom agrees with: still plain
     poor.use_fit(DraftFit(np.array([0.8, 0.08, 0.03, 0.02]), ratio=0.5, tokens=64))
     assert _first_step(poor, q=0.8) == PLAIN
+
+
+def test_over_rpc_drafting_starts_at_what_the_look_ahead_leaves_and_steps_correct_it():
+    """A target on RPC servers (``look_ahead``): the draft works during each verify, so drafting starts
+    at 1 − α⁵ of its profiled cost (α = r · p₁), in either order of costs and fit; on this machine it
+    starts at 1. Once a step has measured drafting, a fit arriving later does not reset it."""
+    fit = DraftFit(np.array([0.8, 0.08, 0.03, 0.02]), ratio=1.0, tokens=64)
+    here = AutoPlanner(costs=SLOW_LINK)
+    here.use_fit(fit)
+    assert here.calibration.draft_factor == 1.0
+    for fit_first in (False, True):
+        remote = AutoPlanner()
+        if fit_first:
+            remote.use_fit(fit)
+        remote.use_costs(dataclasses.replace(SLOW_LINK, look_ahead=True))
+        if not fit_first:
+            remote.use_fit(fit)
+        assert remote.calibration.draft_factor == pytest.approx(1 - 0.8**5)
+        assert remote.calibration.effective.look_ahead  # the learned curves keep the flag
+    cal = remote.calibration
+    cal.draft_predicted, cal.plain_verify = 0.3, float(SLOW_LINK.t(1))
+    step = SimpleNamespace(verified_nodes=5, timings=SimpleNamespace(verify=0.5, draft=0.09, plan=0.0))
+    cal.learn_costs(step)
+    learned = cal.draft_factor
+    assert learned < 1 - 0.8**5  # 0.09 s of 0.3 s profiled: most of it hidden
+    remote.use_fit(fit)
+    assert cal.draft_factor == learned
 
 
 def test_a_model_without_a_chat_template_is_fitted_on_the_plain_requests():

@@ -94,3 +94,38 @@ def test_a_next_request_starts_clean_after_a_look_ahead():
     second = [t.id for e in generate(pair, planner, Request(follow_up, max_tokens=30)) for t in e.tokens]
     assert second == _plain(max_tokens=30, prompt=follow_up)
     _assert_cache_is_committed(pair.draft)
+
+
+def test_auto_grows_for_free_along_what_the_look_ahead_decoded():
+    """A target behind a slow link (``look_ahead``): when the draft decoded the likeliest path during
+    the last verify (``Drafter.known``), auto expands those nodes without paying a level for them — no
+    drafting predicted — and so drafts deeper than it would pay to draft anew."""
+    import dataclasses
+
+    import numpy as np
+    from fakes import SyntheticDrafter, sparse
+    from test_fit import SLOW_LINK
+
+    from edgespec.planner.auto import SPECULATE, AutoPlanner
+    from edgespec.planner.auto_calibration import DraftFit
+    from edgespec.planner.tree import PlanContext
+
+    def plan(known_depth: int):
+        planner = AutoPlanner(costs=dataclasses.replace(SLOW_LINK, look_ahead=True))
+        planner.use_fit(DraftFit(np.array([0.8, 0.06, 0.03, 0.02]), ratio=1.0, tokens=64))
+        drafter = SyntheticDrafter(lambda path: sparse([0.8, 0.06, 0.03, 0.02], ids=[5 + len(path), 1, 2, 3]))
+        likeliest = (7,) + tuple(5 + depth for depth in range(1, known_depth + 1))  # the draft's top-1 path
+        known = {likeliest[:n] for n in range(1, len(likeliest) + 1)} if known_depth else set()
+        drafter.known = lambda path: tuple(path) in known
+        ctx = PlanContext(sampling=False, rng=np.random.default_rng(0), max_nodes=65, fresh=True)
+        tree = planner.plan(7, drafter, ctx)
+        assert planner.mode == SPECULATE
+        return tree, planner.calibration.draft_predicted
+
+    fresh, drafting = plan(0)
+    ahead, free = plan(8)
+    assert drafting > 0 and free == 0.0
+    assert ahead.height > fresh.height
+    deepest = max(ahead.leaves, key=lambda node: ahead.depths[node])  # along the decoded path
+    path_tokens = [ahead.token_ids[n] for n in ahead.path(deepest)]
+    assert path_tokens == [7] + [5 + depth for depth in range(1, ahead.height + 1)]

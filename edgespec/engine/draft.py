@@ -106,6 +106,9 @@ class Draft(CachedModel):
             self._path_dist[tuple(tree.path_tokens(node))] = dist
         return dists
 
+    def known(self, path: Sequence[int]) -> bool:
+        return not self.pending and tuple(int(t) for t in path) in self._ahead
+
     def _expand_root(self, tree: TreeBuilder) -> list[SparseDist]:
         """The root: catch up on what the target committed last step (accepted tokens the draft never
         decoded, then the new root), straight into the committed prefix (every tagged id) — or nothing,

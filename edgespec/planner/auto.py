@@ -168,7 +168,9 @@ class AutoPlanner(Planner):
             probe = self.mode == PROBE
             ratio = max(cal.ratio, 1.0) if probe else cal.ratio
             prior = np.maximum(cal.profile, PROBE_PROFILE) if probe else cal.profile
-            growth = AutoGrowth(costs, ratio, prior, cap, self.max_depth, float(costs.k(pending)))
+            # the draft's catch-up and root, unless its look-ahead decoded the root already
+            spent = 0.0 if drafter.known((root_token,)) else float(costs.k(pending))
+            growth = AutoGrowth(costs, ratio, prior, cap, self.max_depth, spent, known=drafter.known)
             tree, spent = level_tree(root_token, drafter, growth, trie, self.copier), growth.spent
         cal.draft_predicted = spent / cal.draft_factor  # as profiled: what learn_costs compares with
         return tree

@@ -60,6 +60,9 @@ class Calibration:
     draft_predicted: float = 0.0  # the last step's drafting seconds as profiled (set by the trees)
     epoch: int = 0  # bumped whenever anything a forecast reads changes
     _factors_used: tuple[float, float] = (1.0, 1.0)
+    # Batch sizes verified before: the first verify of a size on a context pays one-off work (over RPC
+    # about twice its profiled time: the servers' buffers for a new graph), not what later ones cost.
+    _sizes_seen: set[int] = field(default_factory=set)
     _drafting_measured: bool = False  # a step measured the drafting factor (the prior is left behind)
 
     def use_costs(self, costs: CostModel) -> None:
@@ -118,15 +121,16 @@ class Calibration:
         """Measured ÷ profiled for the tree's verify and its drafting, over the same for plain decoding;
         the curves are rescaled when a factor moved by more than a tenth."""
         plain = (self.plain_verify / self.plain_decode) if self.plain_verify else 1.0
-        low, high = FACTOR_RANGE
-        if event.verified_nodes >= 2 and event.timings.verify > 0:
-            measured = event.timings.verify / float(self.costs.t(event.verified_nodes)) / plain
-            self.batch_factor = float(np.clip(_ema(self.batch_factor, measured, 0.3), low, high))
+        size = event.verified_nodes
+        if size >= 2 and event.timings.verify > 0 and size in self._sizes_seen:
+            measured = event.timings.verify / float(self.costs.t(size)) / plain
+            self.batch_factor = float(np.clip(_ema(self.batch_factor, measured, 0.3), *FACTOR_RANGE))
+        self._sizes_seen.add(size)  # a batch size's first verify is no evidence (see the field)
         drafting = event.timings.draft + event.timings.plan
         if self.draft_predicted > 0 and drafting > 0:
             self._drafting_measured = True
             measured = drafting / self.draft_predicted / plain
-            self.draft_factor = float(np.clip(_ema(self.draft_factor, measured, 0.3), low, high))
+            self.draft_factor = float(np.clip(_ema(self.draft_factor, measured, 0.3), *FACTOR_RANGE))
         used_b, used_d = self._factors_used
         if abs(self.batch_factor / used_b - 1) > 0.1 or abs(self.draft_factor / used_d - 1) > 0.1:
             self._apply_factors()

@@ -24,6 +24,7 @@ losslessly, greedy or sampling.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -50,6 +51,7 @@ class AutoGrowth:
     max_depth: int
     spent: float  # seconds of drafting so far (from the draft's catch-up on)
     tops: np.ndarray = field(default_factory=lambda: np.zeros(PROFILE_LEN))  # Σ top-j of this step's rows
+    known: Callable[[Sequence[int]], bool] = lambda path: False  # ``Drafter.known``: decoded already
 
     def admit(self, growth: Growth, nodes: list[int], dists: list[SparseDist]) -> None:
         for dist in dists:
@@ -70,6 +72,8 @@ class AutoGrowth:
         candidates, pool, forced_e, forced_n = self._pool(growth)
         depth = growth.tree.depth
         expandable = np.array([depth[u] < self.max_depth for u in candidates], dtype=bool)
+        if self._free(growth, candidates, pool, expandable, forced_e, forced_n):
+            return [candidates[0]]  # no decode: the draft's look-ahead did it during the last verify
         # Children not drafted yet look like this step's distributions so far (the running profile
         # weighs in as STEP_PRIOR nodes): a confident chain is expected to stay confident.
         profile = (STEP_PRIOR * self.prior + self.tops) / (STEP_PRIOR + sum(growth.levels))
@@ -80,6 +84,15 @@ class AutoGrowth:
         self.spent += float(self.costs.d(w))
         chosen = expandable_within(expandable, self.cap - forced_n)[:w]  # the w best expandable by p̂
         return [candidates[i] for i in chosen]
+
+    def _free(self, growth: Growth, candidates, pool, expandable, forced_e: float, forced_n: int) -> bool:
+        """The best candidate was decoded by the draft's look-ahead, and the final tree would verify it
+        anyway (``best_size`` takes it): expanding it alone costs nothing, so the growth goes on."""
+        if not candidates or not expandable[0] or forced_n >= self.cap:
+            return False
+        if not self.known(growth.tree.path_tokens(candidates[0])):
+            return False
+        return best_size(forced_e, forced_n, pool, self.spent, self.ratio, self.costs, self.cap).m > forced_n
 
     def keep(self, growth: Growth) -> list[int]:
         """Every expanded node, and the candidates of largest p̂ for the best expected rate."""

@@ -249,6 +249,11 @@ class Drafter(Protocol):
 
     def expand(self, tree: TreeBuilder, nodes: Sequence[int]) -> list[SparseDist]: ...
 
+    def known(self, path: Sequence[int]) -> bool:
+        """The draft holds the distribution after this token path (root first) already — it decoded it
+        while the target verified the last step: expanding that node alone costs no decode."""
+        ...
+
     def parallel_dists(self, tree: TreeBuilder, k: int) -> list[SparseDist]:
         """ParallelSpec: one draft decode of the root and k [MASK] tokens after it; the k + 1
         distributions of depths 1 … k + 1 (the root's row, then [MASK]_1 … [MASK]_k's). Called on a
