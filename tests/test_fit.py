@@ -33,8 +33,9 @@ def test_the_fit_is_the_draft_against_the_targets_own_greedy_answer(pair):
     """Recomputed from the fake models' logits: the target's argmax chain, the draft's softmax there."""
     measured = fit.measure_fit(pair, requests=("first request", "second"))
     target_model, draft_model = pair.target.model, pair.draft.model
-    top1, agree, n = [], [], 0
+    top1, agree, n, answers = [], [], 0, []
     for request in ("first request", "second"):
+        answers.append(len(agree))
         seen, _ = prompt_tokens(pair, [Message("user", request)], ChatSettings(max_tokens=fit.FIT_TOKENS))
         for _ in range(fit.FIT_TOKENS):
             token = int(np.argmax(target_model.logits(tuple(seen))))
@@ -50,6 +51,12 @@ def test_the_fit_is_the_draft_against_the_targets_own_greedy_answer(pair):
     assert measured.ratio == pytest.approx(sum(agree) / sum(top1), rel=1e-6)
     assert 0 < sum(agree) < n  # the noisy draft is sometimes right, sometimes not: a real ratio
     assert np.all(np.diff(measured.profile) <= 0) and measured.profile.sum() <= 1 + 1e-9
+    # runs: how often the draft was right n times in a row, within one answer
+    rights = [agree[a:b] for a, b in zip(answers, answers[1:] + [len(agree)])]
+    for length in range(1, len(measured.runs) + 1):
+        windows = [all(right[i : i + length]) for right in rights for i in range(len(right) - length + 1)]
+        assert measured.runs[length - 1] == pytest.approx(sum(windows) / len(windows))
+    assert measured.runs[0] == pytest.approx(sum(agree) / n) and measured.runs[1] > 0
 
 
 def test_the_fit_is_cached_per_pair_and_attached_to_auto(pair, tmp_path, monkeypatch):
@@ -102,20 +109,23 @@ def test_a_measured_fit_lets_auto_draft_from_the_first_step_over_a_slow_link():
 
 def test_over_rpc_drafting_starts_at_what_the_look_ahead_leaves_and_steps_correct_it():
     """A target on RPC servers (``look_ahead``): the draft works during each verify, so drafting starts
-    at 1 − α⁵ of its profiled cost (α = r · p₁), in either order of costs and fit; on this machine it
-    starts at 1. Once a step has measured drafting, a fit arriving later does not reset it."""
-    fit = DraftFit(np.array([0.8, 0.08, 0.03, 0.02]), ratio=1.0, tokens=64)
+    at 1 − P(hit) of its profiled cost — P(hit): how often the fit saw the draft right 5 times in a
+    row (runs[4]), or α⁵ (α = r · p₁) for a fit without runs — in either order of costs and fit; on
+    this machine it starts at 1. Once a step has measured drafting, a fit arriving later does not
+    reset it."""
+    runs = (0.8, 0.7, 0.62, 0.55, 0.5, 0.45, 0.4, 0.35)  # right guesses come in runs: 0.5 ≫ 0.8⁵ = 0.33
+    fit = DraftFit(np.array([0.8, 0.08, 0.03, 0.02]), ratio=1.0, tokens=64, runs=runs)
     here = AutoPlanner(costs=SLOW_LINK)
     here.use_fit(fit)
     assert here.calibration.draft_factor == 1.0
-    for fit_first in (False, True):
-        remote = AutoPlanner()
+    for fit_first, runs_known in ((False, True), (True, True), (False, False)):
+        remote, this_fit = AutoPlanner(), fit if runs_known else dataclasses.replace(fit, runs=())
         if fit_first:
-            remote.use_fit(fit)
+            remote.use_fit(this_fit)
         remote.use_costs(dataclasses.replace(SLOW_LINK, look_ahead=True))
         if not fit_first:
-            remote.use_fit(fit)
-        assert remote.calibration.draft_factor == pytest.approx(1 - 0.8**5)
+            remote.use_fit(this_fit)
+        assert remote.calibration.draft_factor == pytest.approx(1 - (0.5 if runs_known else 0.8**5))
         assert remote.calibration.effective.look_ahead  # the learned curves keep the flag
     cal = remote.calibration
     cal.draft_predicted, cal.plain_verify = 0.3, float(SLOW_LINK.t(1))

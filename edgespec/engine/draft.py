@@ -276,6 +276,8 @@ class Draft(CachedModel):
                 break
             began = perf_counter()
             seq = self._seq_below(parent, len(path) - 1)
+            if self.ctx.seq_pos_max(seq) != position - 1:
+                break  # a cell past the parent in its sequence (seen over RPC with bushy trees): stop here
             self._assign(node, path, seq)
             self._path_dist[path] = self._decode_top_k([token], [position], [(seq,)], 1)[0]
             level = perf_counter() - began

@@ -11,7 +11,10 @@ measured instead, on the target's own greedy answers to a few built-in requests 
 2. the draft reads the same prompt and answer as one chain, each level one decode (``Draft.expand``:
    the distributions its trees are grown from), giving its top-k distribution q_i at each position;
 3. profile = mean over i of q_i's top-j probabilities; r = Σ [argmax q_i = x_i] ÷ Σ max q_i — a
-   one-token draft at position i is accepted exactly when its top-1 is the target's token.
+   one-token draft at position i is accepted exactly when its top-1 is the target's token;
+4. runs[n − 1] = share of positions i from which argmax q = x holds n times in a row (i … i + n − 1):
+   how often a greedy chain of n − 1 is accepted whole and the draft guesses the token after it too
+   (what the draft's look-ahead over RPC needs: ``auto_calibration``).
 
 It depends on the two model files only (not the threads, the offload or the link), so it is cached
 beside the cost profiles, keyed by them: ``<data home>/profiles/fit-<key>.json``.
@@ -32,7 +35,8 @@ from ..planner.auto_calibration import PROFILE_LEN, DraftFit
 from ..planner.tree import TreeBuilder
 from .costs import file_key, llama_version, profile_path, write_json
 
-FIT_VERSION = 1
+FIT_VERSION = 2  # 2: runs
+RUN_LEN = 8  # longest run of right guesses counted
 FIT_TOKENS = 32  # target tokens per request
 FIT_REQUESTS = (
     "Write a Python function that merges overlapping intervals, with a docstring.",
@@ -61,7 +65,7 @@ def load_fit(pair, home: Path | None = None) -> DraftFit | None:
     try:
         data = json.loads(fit_path(fit_key(pair), home).read_text())
         profile = np.asarray(data["profile"], dtype=np.float64)
-        return DraftFit(profile, float(data["ratio"]), int(data["tokens"]))
+        return DraftFit(profile, float(data["ratio"]), int(data["tokens"]), tuple(map(float, data["runs"])))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -78,6 +82,7 @@ def measure_and_save_fit(pair, progress: Progress | None = None, home: Path | No
 def save_fit(pair, fit: DraftFit, home: Path | None = None) -> Path:
     key = fit_key(pair)
     record = {"key": key, "profile": fit.profile.tolist(), "ratio": fit.ratio, "tokens": fit.tokens}
+    record["runs"] = list(fit.runs)
     return write_json(fit_path(key, home), record)
 
 
@@ -86,7 +91,7 @@ def measure_fit(
 ) -> DraftFit | None:
     """Steps 1–3 of the module's docstring over ``requests`` (None: the target answered none of them);
     leaves both caches to be synced again."""
-    tops, agree = [], []
+    tops, agree, rights = [], [], []  # rights: each answer's [argmax q_i = x_i]
     total = len(requests) * FIT_TOKENS * 2
     for r, request in enumerate(requests):
         prompt = _prompt(pair, request)
@@ -96,16 +101,31 @@ def measure_fit(
                 progress(f"draft fit: {what}", r * FIT_TOKENS * 2 + i, total)
 
         answer = _greedy_answer(pair, prompt, lambda i: tick("target", i))
+        start = len(agree)
         for dist, token in zip(_draft_chain(pair.draft, prompt, answer, lambda i: tick("draft", i)), answer):
             row = np.zeros(PROFILE_LEN)
             k = min(PROFILE_LEN, dist.probs.shape[0])
             row[:k] = dist.probs[:k]
             tops.append(row)
             agree.append(float(dist.ids[0] == token))
+        rights.append(np.asarray(agree[start:], dtype=bool))
     if not tops:
         return None
     profile = np.mean(tops, axis=0)
-    return DraftFit(profile, float(np.sum(agree) / max(np.sum(np.asarray(tops)[:, 0]), 1e-9)), len(tops))
+    ratio = float(np.sum(agree) / max(np.sum(np.asarray(tops)[:, 0]), 1e-9))
+    return DraftFit(profile, ratio, len(tops), _runs(rights))
+
+
+def _runs(rights: Sequence[np.ndarray]) -> tuple[float, ...]:
+    """Step 4: for n = 1 … RUN_LEN, of the positions with n answer tokens from there, the share where
+    the draft was right at all n."""
+    hits, seen = np.zeros(RUN_LEN), np.zeros(RUN_LEN)
+    for right in rights:
+        for n in range(1, min(RUN_LEN, right.shape[0]) + 1):
+            windows = np.lib.stride_tricks.sliding_window_view(right, n).all(axis=1)
+            hits[n - 1] += windows.sum()
+            seen[n - 1] += windows.shape[0]
+    return tuple(float(h / s) if s else 0.0 for h, s in zip(hits, seen))
 
 
 def _prompt(pair, request: str) -> list[int]:

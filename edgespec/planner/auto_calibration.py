@@ -41,6 +41,7 @@ class DraftFit:
     profile: np.ndarray  # (PROFILE_LEN,) mean top-j probabilities of the draft's distributions
     ratio: float  # accepted ÷ predicted for a one-token draft at each position
     tokens: int  # positions it was measured on
+    runs: tuple[float, ...] = ()  # [n − 1]: share of positions where its top-1 is right n times in a row
 
 
 @dataclass
@@ -58,6 +59,7 @@ class Calibration:
     par_expected: float = 1.0  # their Σ p̂ (EMA; prior: one token per step)
     par_size: float = 0.0  # their size (EMA; 0: none seen yet)
     draft_predicted: float = 0.0  # the last step's drafting seconds as profiled (set by the trees)
+    chain_hit: float | None = None  # the fit's P(top-1 right LOOK_AHEAD_CHAIN + 1 times in a row)
     epoch: int = 0  # bumped whenever anything a forecast reads changes
     _factors_used: tuple[float, float] = (1.0, 1.0)
     # Batch sizes verified before: the first verify of a size on a context pays one-off work (over RPC
@@ -74,19 +76,24 @@ class Calibration:
         """Start r and the profile from the pair's measured fit (weighted as the priors were)."""
         self.accepted, self.predicted = PRIOR_WEIGHT * fit.ratio, PRIOR_WEIGHT
         self.profile = np.asarray(fit.profile, dtype=np.float64).copy()
+        self.chain_hit = fit.runs[LOOK_AHEAD_CHAIN] if len(fit.runs) > LOOK_AHEAD_CHAIN else None
         self.epoch += 1
         self._look_ahead_prior()
 
     def _look_ahead_prior(self) -> None:
         """Where the draft looks ahead while the target verifies (``costs.look_ahead``), a step's
         drafting is done already when the target accepted the last tree's likeliest path and then
-        wrote the draft's top-1 token: for a chain of n at per-token acceptance α = r · p₁, with
-        probability α^(n + 1). Until steps have measured it, the drafting factor is what is left on
-        average, 1 − α^(n + 1) with n = ``LOOK_AHEAD_CHAIN`` (the steps then correct it)."""
+        wrote the draft's top-1 token: for a chain of n, when the draft's top-1 was right n + 1 times
+        in a row — as often as the pair's fit saw that (``DraftFit.runs``; without it α^(n + 1) at a
+        per-token acceptance α = r · p₁, which misses that right guesses come in runs). Until steps
+        have measured it, the drafting factor is what is left on average, 1 − P(hit) with n =
+        ``LOOK_AHEAD_CHAIN`` (the steps then correct it)."""
         if self.costs is None or not self.costs.look_ahead or self._drafting_measured:
             return
-        alpha = min(1.0, self.ratio * float(self.profile[0]))
-        self.draft_factor = 1.0 - alpha ** (LOOK_AHEAD_CHAIN + 1)
+        hit = self.chain_hit
+        if hit is None:
+            hit = min(1.0, self.ratio * float(self.profile[0])) ** (LOOK_AHEAD_CHAIN + 1)
+        self.draft_factor = float(np.clip(1.0 - hit, *FACTOR_RANGE))
         self._apply_factors()
 
     @property
