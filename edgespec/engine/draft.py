@@ -103,7 +103,6 @@ class Draft(CachedModel):
         self.decode_seconds += perf_counter() - start
         for node, dist in zip(nodes, dists):
             tree.dists[node] = dist
-            self._path_dist[tuple(tree.path_tokens(node))] = dist
         return dists
 
     def known(self, path: Sequence[int]) -> bool:
@@ -127,6 +126,7 @@ class Draft(CachedModel):
             self.decodes += 1
             self.committed.extend(pending)
         self._root_committed(tree)
+        self._path_dist[root] = dists[0]
         return dists
 
     def _decode_top_k(self, tokens, positions, seq_ids, n_rows: int) -> list[SparseDist]:
@@ -188,8 +188,9 @@ class Draft(CachedModel):
         """One level: nodes the look-ahead decoded already keep its sequence and distribution (first,
         so that they, not a sibling, continue it); the others are decoded in one batch."""
         dists: dict[int, SparseDist] = {}
-        for node in nodes:
-            path, parent = tuple(tree.path_tokens(node)), tree.parents[node]
+        paths = {node: tuple(tree.path_tokens(node)) for node in nodes}
+        for node, path in paths.items():
+            parent = tree.parents[node]
             if parent not in self._node_seq:
                 raise ValueError(f"node {node} expanded before its parent {parent} (planner bug)")
             if self._reusable(parent, path):
@@ -199,11 +200,13 @@ class Draft(CachedModel):
         if todo:
             seqs = [self._seq_below(tree.parents[node], tree.depth[node]) for node in todo]
             for node, seq in zip(todo, seqs):
-                self._assign(node, tuple(tree.path_tokens(node)), seq)
+                self._assign(node, paths[node], seq)
+                self._assign(node, path, seq)
             positions = [self._root_pos + tree.depth[node] for node in todo]
             tokens = [tree.tokens[node] for node in todo]
             decoded = self._decode_top_k(tokens, positions, [(seq,) for seq in seqs], len(todo))
             dists.update(zip(todo, decoded))
+            self._path_dist.update(zip((paths[node] for node in todo), decoded))
             self.decodes += 1
         return [dists[node] for node in nodes]
 
