@@ -158,3 +158,4 @@ def test_a_target_that_ends_every_request_at_once_leaves_auto_its_prior(tmp_path
     costs.attach(planner, silent, home=tmp_path)  # measures the cost profile; no fit to give
     assert planner.costs is not None and planner.calibration.profile.tolist() == PRIOR_PROFILE.tolist()
     assert not list((tmp_path / "profiles").glob("fit-*.json"))  # nothing cached: tried again next time
+
