@@ -131,3 +131,26 @@ def test_auto_grows_for_free_along_what_the_look_ahead_decoded():
     deepest = max(ahead.leaves, key=lambda node: ahead.depths[node])  # along the decoded path
     path_tokens = [ahead.token_ids[n] for n in ahead.path(deepest)]
     assert path_tokens == [7] + [5 + depth for depth in range(1, ahead.height + 1)]
+
+
+@pytest.mark.parametrize("planner", ["dyspec:8", "opt-tree:8", "opt-tree:16"])
+def test_a_level_may_list_the_look_aheads_node_last(planner, monkeypatch):
+    """Planners name a level's nodes in their own order; the node the last look-ahead decoded is reused
+    wherever it stands. Listed last, behind nodes decoded anew, it once had its sequence overwritten by
+    theirs (the next commit then kept the wrong branch: a broken cache on this strict fake)."""
+    from edgespec.engine.draft import Draft
+
+    expand = Draft.expand
+
+    def reversed_levels(self, tree, nodes):
+        return expand(self, tree, list(nodes)[::-1])[::-1]
+
+    monkeypatch.setattr(Draft, "expand", reversed_levels)
+    name, budget = planner.split(":")
+    plain = _plain(max_tokens=80)
+    for polls in [(8,), (0, 5, 2, 9, 1)]:
+        pair = _remote_pair(polls, n_seq=33, draft_noise=0.1)
+        tokens, events = _run(pair, make_planner(name, {"budget": int(budget)}), max_tokens=80)
+        assert tokens == plain
+        _assert_cache_is_committed(pair.draft)
+        assert sum(e.reused for e in events) > 0

@@ -201,7 +201,6 @@ class Draft(CachedModel):
             seqs = [self._seq_below(tree.parents[node], tree.depth[node]) for node in todo]
             for node, seq in zip(todo, seqs):
                 self._assign(node, paths[node], seq)
-                self._assign(node, path, seq)
             positions = [self._root_pos + tree.depth[node] for node in todo]
             tokens = [tree.tokens[node] for node in todo]
             decoded = self._decode_top_k(tokens, positions, [(seq,) for seq in seqs], len(todo))
