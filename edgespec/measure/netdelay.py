@@ -61,26 +61,37 @@ async def _relay(
     client_writer: asyncio.StreamWriter,
     upstream: tuple[str, int],
     delay: float,
+    open_writers: set[asyncio.StreamWriter],
 ) -> None:
     try:
         server_reader, server_writer = await asyncio.open_connection(*upstream)
     except OSError:
         client_writer.close()
         return
-    for writer in (client_writer, server_writer):
+    writers = (client_writer, server_writer)
+    open_writers.update(writers)
+    for writer in writers:
         _no_delay(writer)
     try:
         await asyncio.gather(
             _pump(client_reader, server_writer, delay), _pump(server_reader, client_writer, delay)
         )
     finally:
-        for writer in (client_writer, server_writer):
+        open_writers.difference_update(writers)
+        for writer in writers:
             writer.close()
 
 
-async def start_proxy(listen: tuple[str, int], upstream: tuple[str, int], delay: float) -> asyncio.Server:
-    """Listen on ``listen`` (port 0: a free one) and relay every connection to ``upstream``."""
-    return await asyncio.start_server(lambda r, w: _relay(r, w, upstream, delay), *listen)
+async def start_proxy(
+    listen: tuple[str, int],
+    upstream: tuple[str, int],
+    delay: float,
+    open_writers: set[asyncio.StreamWriter] | None = None,
+) -> asyncio.Server:
+    """Listen on ``listen`` (port 0: a free one) and relay every connection to ``upstream``; the
+    connections' writers are kept in ``open_writers`` while they are open."""
+    writers = set() if open_writers is None else open_writers
+    return await asyncio.start_server(lambda r, w: _relay(r, w, upstream, delay, writers), *listen)
 
 
 class DelayProxy:
@@ -92,11 +103,12 @@ class DelayProxy:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="netdelay", daemon=True)
         self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
 
     def __enter__(self) -> DelayProxy:
         self._thread.start()
         future = asyncio.run_coroutine_threadsafe(
-            start_proxy(self.listen, self.upstream, self.delay), self._loop
+            start_proxy(self.listen, self.upstream, self.delay, self._writers), self._loop
         )
         self._server = future.result(10)
         self.port = self._server.sockets[0].getsockname()[1]
@@ -104,14 +116,21 @@ class DelayProxy:
 
     def __exit__(self, *exc) -> None:
         async def stop() -> None:
+            # Connections end by closing their sockets, not by cancelling their tasks (Python 3.11's
+            # streams log a cancelled connection task as an error): every relay then returns.
             assert self._server is not None
             self._server.close()
-            for task in asyncio.all_tasks() - {asyncio.current_task()}:
-                task.cancel()
+            for writer in list(self._writers):
+                writer.transport.abort()
+            others = asyncio.all_tasks() - {asyncio.current_task()}
+            if others:
+                await asyncio.wait(others, timeout=5)
 
         asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+        if not self._thread.is_alive():
+            self._loop.close()
 
 
 def _address(text: str) -> tuple[str, int]:
