@@ -60,7 +60,8 @@ class SyntheticTarget:
         self.clock.now += seconds
         self.ctx.decode_seconds += seconds
 
-    def decode_root(self, root: int) -> np.ndarray:
+    def decode_root(self, root: int, meanwhile=None) -> np.ndarray:
+        """``meanwhile``: never called (as ``verify``)."""
         self._decode(1)
         self.committed.append(int(root))
         return self.logits[root]
@@ -85,6 +86,7 @@ class SyntheticDraft:
         self.pending: list[int] = []
         self.decode_seconds, self.decodes = 0.0, 0
         self.reused, self.ahead_seconds = 0, 0.0  # no look-ahead: the target is on this machine
+        self.guess = None
         self._decoded: set[tuple[int, ...]] = set()  # token paths decoded this step
 
     def _decode(self, seconds: float) -> None:

@@ -159,3 +159,30 @@ def test_a_target_that_ends_every_request_at_once_leaves_auto_its_prior(tmp_path
     assert planner.costs is not None and planner.calibration.profile.tolist() == PRIOR_PROFILE.tolist()
     assert not list((tmp_path / "profiles").glob("fit-*.json"))  # nothing cached: tried again next time
 
+
+
+def test_over_rpc_plain_steps_keep_r_current_from_the_drafts_free_guesses():
+    """Over RPC a step that drafted nothing still has the draft's guess at its root (decoded while the
+    target decoded): auto counts it as a one-token tree — r rises while the guesses are right and falls
+    while they are wrong, without a probe — until the forecast says drafting pays."""
+    from edgespec.decoding.events import EmittedToken, Provenance, StepEvent, StepTimings
+    from edgespec.planner.tree import TreeBuilder
+
+    def plain_steps(right: bool, n: int = 40) -> AutoPlanner:
+        planner = AutoPlanner(costs=dataclasses.replace(SLOW_LINK, look_ahead=True))
+        planner.use_fit(DraftFit(np.array([0.6, 0.1, 0.05, 0.03]), ratio=0.6, tokens=64))
+        assert _first_step(planner, q=0.6) == PLAIN
+        for _ in range(n):
+            token = 5 if right else 6
+            event = StepEvent(
+                tokens=(EmittedToken(token, Provenance.TARGET, 1.0),), text="", drafted=0, accepted=0,
+                timings=StepTimings(verify=float(SLOW_LINK.t(1))), tree=TreeBuilder(7).freeze(),
+                accepted_path=(0,), guess=sparse([0.6, 0.1, 0.05, 0.03], ids=[5, 1, 2, 3]),
+            )  # fmt: skip
+            planner.mode = PLAIN
+            planner.observe(event)
+        return planner
+
+    right, wrong = plain_steps(True), plain_steps(False)
+    assert right.ratio > 1.3 and wrong.ratio < 0.3
+    assert _first_step(right, q=0.6) == SPECULATE

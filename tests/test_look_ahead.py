@@ -154,3 +154,42 @@ def test_a_level_may_list_the_look_aheads_node_last(planner, monkeypatch):
         assert tokens == plain
         _assert_cache_is_committed(pair.draft)
         assert sum(e.reused for e in events) > 0
+
+
+@pytest.mark.parametrize("every", [0, 2, 3])
+def test_steps_that_draft_nothing_catch_the_draft_up_and_guess_meanwhile(every):
+    """auto's plain and copy steps draft nothing; over RPC the draft catches up on the conversation
+    while the target decodes, guesses the next token (the step's ``guess``: auto learns r from it)
+    and looks ahead from there — so a drafting step after them starts on decoded nodes. Root-only
+    trees, a chain of 3 every ``every``-th step: the answer is plain decoding's, the caches committed."""
+    from dataclasses import dataclass
+
+    from edgespec.planner.tree import Planner, TreeBuilder
+
+    @dataclass
+    class Alternating(Planner):
+        steps: int = 0
+        name = "alternating"
+
+        def describe(self) -> str:
+            return f"a chain every {every} steps"
+
+        def plan(self, root_token, drafter, ctx):
+            self.steps += 1
+            if every and self.steps % every == 0:
+                return ChainPlanner(gamma=3).plan(root_token, drafter, ctx)
+            return TreeBuilder(root_token).freeze()
+
+    plain = _plain(max_tokens=80)
+    for polls in [(8,), (0, 5, 2, 9, 1)]:
+        pair = _remote_pair(polls, n_seq=33, draft_noise=0.1)
+        tokens, events = _run(pair, Alternating(), max_tokens=80)
+        assert tokens == plain
+        _assert_cache_is_committed(pair.draft)
+        nothing = [e for e in events[1:] if e.drafted == 0]
+        guessed = [e for e in nothing if e.guess is not None]
+        assert len(guessed) >= len(nothing) // 2
+        right = sum(int(e.guess.ids[0]) == e.tokens[0].id for e in guessed if e.tokens)
+        assert right >= len(guessed) // 2  # a close draft (noise 0.1) guesses right most of the time
+        if every and polls == (8,):
+            assert sum(e.reused for e in events if e.drafted) > 0

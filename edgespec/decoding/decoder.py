@@ -169,6 +169,7 @@ class _NoDraft:
     pending = ()
     reused = 0
     ahead_seconds = 0.0
+    guess = None
 
     def begin_step(self, temperature: float) -> None:
         pass
@@ -202,7 +203,8 @@ def speculative_step(
     if tree.size == 1 and root_row is None:
         # Nothing drafted (auto's plain steps, a copier without a match): plain decoding, without
         # packing, walking or re-tagging a one-node tree. Same token, same draw.
-        token, margin = choose(target.decode_root(root), params, rng)
+        meanwhile = _look_ahead(draft, planner, target, tree)  # over RPC the draft catches up meanwhile
+        token, margin = choose(target.decode_root(root, meanwhile), params, rng)
         verified = perf_counter()
         verdict, emitted = Verdict((0,), token), (EmittedToken(token, Provenance.TARGET, margin),)
     else:
@@ -233,6 +235,7 @@ def speculative_step(
         verified_nodes=tree.size,
         draft_decodes=draft.decodes,
         reused=draft.reused,
+        guess=draft.guess,
         depth=tree.height,
         leaves=len(tree.leaves),
         expected_accept=tree.stats.expected_accept,
@@ -246,10 +249,13 @@ def speculative_step(
 def _look_ahead(draft, planner: Planner, target, tree: DraftTree):
     """What the draft does while a target on RPC servers verifies ``tree``: it looks ahead along the
     tree's likeliest path (``Draft.look_ahead``), hiding the next step's drafting when the target
-    accepts that path. None where nothing can overlap the verify (a target on this machine)."""
-    if not (planner.needs_draft and getattr(target.ctx, "remote", False)):
+    accepts that path — after catching up, when the step drafted nothing (a root-only tree decoded
+    plainly, or copies). None where nothing can overlap the verify (a target on this machine), or for
+    a planner that will not draft again."""
+    if not (planner.may_draft and getattr(target.ctx, "remote", False)):
         return None
-    expected = target.verify_seconds  # the last verify's: the next tree is usually of the same size
+    # the last decode of the same kind: the next tree is usually of the same size
+    expected = target.verify_seconds if tree.size > 1 else target.plain_seconds
     return lambda done: draft.look_ahead(tree, done, expected)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from ..planner.tree import DraftTree
+from ..planner.tree import DraftTree, SparseDist
 
 
 class Provenance(str, Enum):
@@ -63,6 +63,8 @@ class StepEvent:
     verified_nodes: int = 1  # tokens in the target's batch
     draft_decodes: int = 0
     reused: int = 0  # drafted nodes the draft had decoded already, looking ahead during the last verify
+    # a step that drafted nothing, over RPC: the draft's distribution at the root, decoded meanwhile
+    guess: SparseDist | None = None
     depth: int = 0
     leaves: int = 0
     expected_accept: float = 0.0  # planner's E[A] (predicted accepted draft tokens)

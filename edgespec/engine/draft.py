@@ -5,7 +5,9 @@
 While a target on RPC servers verifies a tree, the draft looks ahead (``look_ahead``): it extends the
 tree's likeliest path with its own top-1 tokens. When the target accepts that path and writes the
 draft's guess next, ``commit`` keeps those cells and ``expand`` answers the next step's nodes on them
-from what was decoded already: that drafting was hidden behind the verify. Every reused distribution
+from what was decoded already: that drafting was hidden behind the verify. A step that drafted nothing
+(``auto`` decoding plainly, or verifying copies) has the draft catch up meanwhile and guess from the
+root, so it stays current and the next tree may start decoded. Every reused distribution
 is the one the draft would compute for the same tokens, so the planners — and the output — are
 unchanged; only when the draft work happens moves."""
 
@@ -52,6 +54,9 @@ class Draft(CachedModel):
         self._ahead_seq = 0
         self.reused = 0  # nodes this step whose distribution came from the look-ahead
         self.ahead_seconds = 0.0  # time the look-ahead decoded this step (overlapping the verify)
+        # A step that drafted nothing: the draft's distribution at its root, decoded by the look-ahead
+        # while the target decoded (None: not decoded) — how auto learns the draft's accuracy meanwhile.
+        self.guess: SparseDist | None = None
 
     def sync(self, tokens: Sequence[int]) -> int:
         """Hold ``tokens[:-1]``; the last token is the pending root, decoded with the first level."""
@@ -93,6 +98,7 @@ class Draft(CachedModel):
         self._path_node.clear()
         self.reused = 0
         self.ahead_seconds = 0.0
+        self.guess = None
 
     def expand(self, tree: TreeBuilder, nodes: Sequence[int]) -> list[SparseDist]:
         start = perf_counter()
@@ -251,12 +257,16 @@ class Draft(CachedModel):
     def look_ahead(self, tree: DraftTree, done: threading.Event, expected: float = 0.0) -> None:
         """While the target verifies ``tree`` (``done`` is set when it has): extend the tree's likeliest
         path — the leaf with the largest p̂ — with the draft's top-1 tokens, one decode a token, at most
-        ``AHEAD_TOKENS``. ``expected``: how long the verify should take (0: unknown); a token is begun
-        only while more than half a decode of it is likely left, so the step rarely waits for the draft.
+        ``AHEAD_TOKENS`` (a step that drafted nothing catches up first: ``_catch_up_meanwhile``).
+        ``expected``: how long the verify should take (0: unknown); a token is begun only while more
+        than half a decode of it is likely left, so the step rarely waits for the draft.
         """
-        if self.mask_ids or not self._path_seq:
-            return  # ParallelSpec's masks, or no draft work this step (nothing decoded to extend)
+        if self.mask_ids:
+            return  # ParallelSpec's masks: its trees are drafted in one pass, nothing to extend
         start = perf_counter()
+        if not self._path_seq and not self._catch_up_meanwhile(tree, done):
+            self.ahead_seconds += perf_counter() - start
+            return
         leaf = max(tree.leaves, key=lambda node: (tree.path_probs[node], tree.depths[node]))
         tokens = tree.path_tokens(leaf)
         known = len(tokens)
@@ -284,6 +294,21 @@ class Draft(CachedModel):
             self._path_dist[path] = self._decode_top_k([token], [position], [(seq,)], 1)[0]
             level = perf_counter() - began
         self.ahead_seconds += perf_counter() - start
+
+    def _catch_up_meanwhile(self, tree: DraftTree, done: threading.Event) -> bool:
+        """A step that drafted nothing (auto's plain and copy steps): the draft catches up on what the
+        target committed, hidden behind its decode — ``AHEAD_TOKENS`` at a time while more are pending,
+        then the rest and the root, so the look-ahead goes on from the root (its distribution is the
+        step's ``guess``). True when the root is decoded."""
+        if done.is_set():
+            return False
+        if len(self.pending) > AHEAD_TOKENS:
+            self.absorb(AHEAD_TOKENS)
+            return False
+        decodes = self.decodes  # overlapping the target's decode, like every look-ahead decode: not counted
+        self.guess = self._expand_root(TreeBuilder(tree.token_ids[0]))[0]
+        self.decodes = decodes
+        return True
 
     def drop_ahead(self) -> None:
         """Forget the look-ahead (a reply's end): its cells, past the committed prefix, go."""

@@ -116,6 +116,7 @@ class Target(CachedModel):
         # end-of-turn and chat-template tokens (copies stop before them); read at load, not on a first step
         self.turn_tokens = self.model.turn_tokens()
         self.verify_seconds = 0.0  # the last tree's verify (what a look-ahead may overlap)
+        self.plain_seconds = 0.0  # the last plain decode's (``decode_root``)
 
     def prefill(self, prompt: Sequence[int]) -> tuple[np.ndarray, int]:
         """Hold ``prompt``, keeping the longest prefix of ``prompt[:-1]`` already held and decoding the
@@ -124,9 +125,14 @@ class Target(CachedModel):
         keep = self.keep_prefix(prompt[:-1])
         return self.decode_committed(prompt[keep:], want_last=True), keep
 
-    def decode_root(self, root: int) -> np.ndarray:
-        """Plain decoding: the root alone, straight into the committed prefix."""
-        return self.decode_committed([root], want_last=True)
+    def decode_root(self, root: int, meanwhile=None) -> np.ndarray:
+        """Plain decoding: the root alone, straight into the committed prefix (``meanwhile``: as for
+        ``verify``); returns its logits row."""
+        position = len(self.committed)
+        self.ctx.decode([root], [position], [self.tagged_seqs], [True], meanwhile=meanwhile)
+        self.committed.append(int(root))
+        self.plain_seconds = self.ctx.last_decode
+        return self.ctx.logits_rows(1)[0]
 
     def verify(
         self, tree: DraftTree, root_row: np.ndarray | None = None, meanwhile=None

@@ -201,6 +201,8 @@ class AutoPlanner(Planner):
         if self.costs is None or self.policy.never_drafts:
             return  # no draft trees for good: nothing else to learn
         self.policy.learn(event, self.mode, self.guards.plain_seconds or cal.plain_decode)
+        if event.guess is not None and event.tokens:  # over RPC, a step that drafted nothing: a free guess
+            cal.learn_guess(event.guess, event.tokens[0].id)
         if self.mode == COPY:
             cal.learn_costs(event)  # the batch's cost; the draft's calibration is not involved
         elif event.drafted == 0 and event.draft_decodes == 0:

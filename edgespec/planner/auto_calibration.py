@@ -5,6 +5,8 @@
   ratio for plain decoding — so a profile taken on a busy machine is corrected, whatever the load now.
 - **r**, the draft's calibration: tokens accepted ÷ predicted (Σ p̂ of the verified trees), decayed
   per draft-tree step, prior 1 worth ``PRIOR_WEIGHT`` tokens. A tree's expected yield is r · Σ p̂.
+  Over RPC a step that drafted nothing counts too: the draft guessed its root's next token while the
+  target decoded (``learn_guess``).
 - **profile**: the draft's average top-j probabilities, which forecasts grow children from.
 - **the pair's fit** (``DraftFit``, measured once per pair by ``edgespec.measure.fit``): where r and
   the profile start, instead of a typical draft's. Without it a forecast on a flat cost curve (the
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .costmodel import CostModel
+from .tree import SparseDist
 
 PROFILE_LEN = 4  # children predicted per expanded node in forecasts
 PRIOR_PROFILE = np.array([0.6, 0.12, 0.05, 0.03])  # a typical draft's top-j probabilities
@@ -156,6 +159,21 @@ class Calibration:
                 tops[i, :k] = dist.probs[:k]
             weight = len(tree.dists) / (len(tree.dists) + PROFILE_MEMORY)
             self.profile = (1 - weight) * self.profile + weight * tops.mean(axis=0)
+        self.epoch += 1
+
+    def learn_guess(self, guess: SparseDist, token: int) -> None:
+        """A step that drafted nothing, over RPC: the draft's distribution at its root, decoded while
+        the target decoded, against the token the target wrote there — a one-token tree that cost
+        nothing, so r and the profile stay current while auto decodes plainly (no probe needed)."""
+        if guess.ids.shape[0] == 0:
+            return
+        self.accepted = DECAY * self.accepted + float(int(guess.ids[0]) == token)
+        self.predicted = DECAY * self.predicted + float(guess.probs[0])
+        tops = np.zeros(PROFILE_LEN)
+        k = min(PROFILE_LEN, guess.probs.shape[0])
+        tops[:k] = guess.probs[:k]
+        weight = 1.0 / (1.0 + PROFILE_MEMORY)
+        self.profile = (1 - weight) * self.profile + weight * tops
         self.epoch += 1
 
     def learn_one_pass(self, event) -> None:
