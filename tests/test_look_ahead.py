@@ -133,6 +133,37 @@ def test_auto_grows_for_free_along_what_the_look_ahead_decoded():
     assert path_tokens == [7] + [5 + depth for depth in range(1, ahead.height + 1)]
 
 
+def test_auto_verifies_what_the_look_ahead_decoded_where_it_would_decode_plainly():
+    """A fit that says plain decoding (a draft right 60 % of the time): with nothing decoded, auto
+    decodes plainly; with the root and a confident path decoded by the look-ahead, it verifies that
+    path — it costs no drafting, only a larger verify."""
+    import dataclasses
+
+    import numpy as np
+    from fakes import SyntheticDrafter, sparse
+    from test_fit import SLOW_LINK
+
+    from edgespec.planner.auto import PLAIN, SPECULATE, AutoPlanner
+    from edgespec.planner.auto_calibration import DraftFit
+    from edgespec.planner.tree import PlanContext
+
+    def plan(known_depth: int):
+        planner = AutoPlanner(costs=dataclasses.replace(SLOW_LINK, look_ahead=True))
+        planner.use_fit(DraftFit(np.array([0.6, 0.1, 0.05, 0.03]), ratio=0.6, tokens=64))
+        confident = sparse([0.95, 0.02, 0.01, 0.01], ids=[0, 1, 2, 3])
+        drafter = SyntheticDrafter(lambda path: sparse(confident.probs, ids=[5 + len(path), 1, 2, 3]))
+        likeliest = (7,) + tuple(5 + depth for depth in range(1, known_depth + 1))
+        known = {likeliest[:n] for n in range(1, known_depth + 2)} if known_depth else set()
+        drafter.known = lambda path: tuple(path) in known
+        ctx = PlanContext(sampling=False, rng=np.random.default_rng(0), max_nodes=65, fresh=True)
+        tree = planner.plan(7, drafter, ctx)
+        return planner.mode, tree
+
+    assert plan(0)[0] == PLAIN
+    mode, tree = plan(4)
+    assert mode == SPECULATE and tree.height >= 2
+
+
 @pytest.mark.parametrize("planner", ["dyspec:8", "opt-tree:8", "opt-tree:16"])
 def test_a_level_may_list_the_look_aheads_node_last(planner, monkeypatch):
     """Planners name a level's nodes in their own order; the node the last look-ahead decoded is reused

@@ -143,6 +143,11 @@ class AutoPlanner(Planner):
             self.policy.restart()
         trie = self.copier.propose(root_token, ctx)  # free candidates, whatever is decided
         self.mode, copies = self.policy.choose(trie, pending, cap)
+        known = self.costs is not None and drafter.known((root_token,))
+        if self.mode == PLAIN and not self.policy.why and known:
+            # the look-ahead decoded this root during the last decode: a tree on what it decoded needs
+            # no drafting, and the growth verifies it only where that pays (``AutoGrowth._free``)
+            self.mode = SPECULATE
         self._pending = pending
         self.steps[self.mode] += 1
         self._evidence = {PLAIN: "plain", COPY: "copy"}.get(self.mode, "draft")
