@@ -53,9 +53,11 @@ class SyntheticTarget:
         self.costs, self.clock, self.ctx = costs, clock, _Ctx()
         self.committed: list[int] = []
         self.turn_tokens: frozenset[int] = frozenset()
+        self.sizes_decoded: set[int] = set()  # as ``engine.Target``'s
         self.n_ctx = 1 << 30
 
     def _decode(self, n: int) -> None:
+        self.sizes_decoded.add(n)
         seconds = float(self.costs.t(n))
         self.clock.now += seconds
         self.ctx.decode_seconds += seconds

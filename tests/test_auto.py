@@ -47,9 +47,12 @@ def memory_bound(jump: float = 2.5, draft: float = 0.002) -> CostModel:
     )
 
 
-def ctx(sampling: bool = False, max_nodes: int = 65, fresh: bool = True) -> PlanContext:
-    """``fresh``: each step is a new answer's first (False: the steps of one long answer)."""
-    return PlanContext(sampling=sampling, rng=np.random.default_rng(0), max_nodes=max_nodes, fresh=fresh)
+def ctx(sampling: bool = False, max_nodes: int = 65, fresh: bool = True, warm=frozenset()) -> PlanContext:
+    """``fresh``: each step is a new answer's first (False: the steps of one long answer); ``warm``:
+    the batch sizes the target has decoded before."""
+    return PlanContext(
+        sampling=sampling, rng=np.random.default_rng(0), max_nodes=max_nodes, fresh=fresh, warm=warm
+    )
 
 
 def confident(q: float = 0.9, width: int = 6) -> SyntheticDrafter:
@@ -166,14 +169,15 @@ def test_a_profile_that_flatters_batches_is_corrected_by_measurements():
     costs = memory_bound(jump=2.5, draft=0.001)
     planner = AutoPlanner(costs=costs)
     c1 = float(costs.t(1))
-    modes, lost, total = [], 0.0, 0.0
+    modes, lost, total, decoded = [], 0.0, 0.0, {1}
     for _ in range(400):
-        tree = planner.plan(7, confident(q=0.8), ctx(fresh=False))
+        tree = planner.plan(7, confident(q=0.8), ctx(fresh=False, warm=decoded))
         modes.append(planner.mode)
         verify = c1 * tree.size  # compute-bound reality
         drafting = 0.001 * tree.stats.draft_decodes
         accepted = min(tree.size - 1, 2)
         planner.observe(_verified(tree, accepted, drafting, verify))
+        decoded.add(tree.size)
         if len(modes) > 1:
             total += verify + drafting
             lost += verify + drafting - (accepted + 1) * c1

@@ -68,7 +68,7 @@ def speed(planner, truth: CostModel, steps: int = 400, p=P, prompt=PROMPT, param
 @pytest.fixture
 def wrong_and_stubborn(monkeypatch):
     """auto's cost model may not correct itself: its measured cost factors and the copies' r_c stay."""
-    monkeypatch.setattr(Calibration, "learn_costs", lambda self, event: None)
+    monkeypatch.setattr(Calibration, "learn_costs", lambda self, event, first=False: None)
     monkeypatch.setattr(CopySteps, "observe", lambda self, event, copied: None)
 
 
@@ -171,25 +171,40 @@ class FirstVerifyOfEachSize(CostModel):
         return super().t(n) + 2 * C1
 
 
-def test_over_rpc_a_batch_sizes_first_verify_is_no_evidence_that_speculation_loses(monkeypatch):
+class AllSizes:
+    """A target that claims to have decoded every batch size before: auto cannot tell a first verify."""
+
+    def __contains__(self, size) -> bool:
+        return True
+
+    def __len__(self) -> int:
+        return 0
+
+    def add(self, size) -> None:
+        pass
+
+
+def test_over_rpc_a_batch_sizes_first_verify_is_no_evidence_that_speculation_loses():
     """Taken as evidence, the first trees' one-off verifies stop auto's drafts and copies within a few
-    steps, and the answer runs plainly; they are not, and auto beats plain decoding."""
+    steps, and the answer runs plainly; told which sizes are new (``PlanContext.warm``), auto leaves
+    them out of the guard's evidence and its cost factors, and beats plain decoding."""
     link = CostModel.from_functions(
         lambda n: C1 * (1 + 0.08 * (n - 1)), lambda m: 0.3 * C1 * (1 + 0.1 * (m - 1))
     )
     truth = lambda: FirstVerifyOfEachSize(link.target, link.draft, link.catchup, link.overhead)  # noqa: E731
 
-    def ratio() -> float:
+    def ratio(told: bool) -> float:
         planner = AutoPlanner(costs=dataclasses.replace(link, look_ahead=True))
-        tokens, seconds = SyntheticEngine(P, PERFECT_DRAFT, truth()).answer(planner, PROMPT, 200, SAMPLED)
+        engine = SyntheticEngine(P, PERFECT_DRAFT, truth())
+        if not told:
+            engine.target.sizes_decoded = AllSizes()
+        tokens, seconds = engine.answer(planner, PROMPT, 200, SAMPLED)
         plain, plain_seconds = SyntheticEngine(P, PERFECT_DRAFT, truth()).answer(None, PROMPT, 200, SAMPLED)
         return (len(tokens) / seconds) / (len(plain) / plain_seconds)
 
-    ignored = ratio()
-    monkeypatch.setattr(AutoPlanner, "_first_remote_verify", lambda self, size: False)
-    counted = ratio()
-    print(f"\nfirst verifies over RPC: {ignored:.3f}× plain ignored, {counted:.3f}× counted")
-    assert ignored > 1.04 and counted < 1.0
+    told, not_told = ratio(True), ratio(False)
+    print(f"\nfirst verifies over RPC: {told:.3f}× plain told which sizes are new, {not_told:.3f}× not")
+    assert told > 1.04 and not_told < 1.0
 
 
 def test_a_passage_that_turns_copyable_is_copied_again(wrong_and_stubborn):

@@ -186,3 +186,28 @@ def test_over_rpc_plain_steps_keep_r_current_from_the_drafts_free_guesses():
     right, wrong = plain_steps(True), plain_steps(False)
     assert right.ratio > 1.3 and wrong.ratio < 0.3
     assert _first_step(right, q=0.6) == SPECULATE
+
+
+def test_over_rpc_trees_are_sized_on_curves_that_charge_a_new_size_its_one_off():
+    """Over RPC the first verify of a batch size pays one-off round trips: measured once, it is charged
+    (÷ ``ONE_OFF_SHARE``) to every size the target has not decoded yet in the curves trees are sized
+    on, to none it has, and not at all in the curves that decide whether to draft; a local target is
+    charged nothing."""
+    from edgespec.planner.auto_calibration import ONE_OFF_SHARE, Calibration
+
+    def first_verify(look_ahead: bool) -> Calibration:
+        cal = Calibration()
+        cal.use_costs(dataclasses.replace(SLOW_LINK, look_ahead=look_ahead))
+        timings = SimpleNamespace(verify=float(SLOW_LINK.t(3)) + 0.3, draft=0.0, plan=0.0)
+        cal.learn_costs(SimpleNamespace(verified_nodes=3, timings=timings), first=True)
+        return cal
+
+    remote, local = first_verify(True), first_verify(False)
+    warm = {1, 3}
+    assert remote.one_off == pytest.approx(0.3) and remote.batch_factor == 1.0  # no evidence of batches
+    sizing = remote.sizing(warm)
+    assert float(sizing.t(3)) == pytest.approx(float(SLOW_LINK.t(3)))  # paid for
+    assert float(sizing.t(4)) == pytest.approx(float(SLOW_LINK.t(4)) + 0.3 / ONE_OFF_SHARE)
+    assert float(sizing.t(1)) == float(SLOW_LINK.t(1))
+    assert float(remote.effective.t(4)) == pytest.approx(float(SLOW_LINK.t(4)))
+    assert local.one_off == 0.0 and local.sizing(warm) is local.effective

@@ -9,7 +9,7 @@ fake in unit tests).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, replace
 from time import perf_counter
 
@@ -198,7 +198,9 @@ def speculative_step(
     root_seconds = perf_counter() - start
     history = target.committed if root_row is None else target.committed[:-1]  # before the root
     turns = target.turn_tokens
-    tree, plan_seconds = plan(draft, planner, root, params, rng, max_nodes, root_row, history, fresh, turns)
+    tree, plan_seconds = plan(
+        draft, planner, root, params, rng, max_nodes, root_row, history, fresh, turns, target.sizes_decoded
+    )
     start = perf_counter()
     if tree.size == 1 and root_row is None:
         # Nothing drafted (auto's plain steps, a copier without a match): plain decoding, without
@@ -276,6 +278,7 @@ def plan(
     history: Sequence[int] = (),
     fresh: bool = True,
     turn_tokens: frozenset[int] = frozenset(),
+    warm: Collection[int] = frozenset(),
 ) -> tuple[DraftTree, float]:
     """Grow this step's draft tree (the draft model decodes level by level inside). ``root_row``: the
     target's logits after the root, for planners that take the root's children from the target.
@@ -290,6 +293,7 @@ def plan(
         history=history,
         fresh=fresh,
         turn_tokens=turn_tokens,
+        warm=warm,
     )
     if root_row is None:
         tree = planner.plan(root, draft, ctx)

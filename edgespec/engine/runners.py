@@ -117,12 +117,15 @@ class Target(CachedModel):
         self.turn_tokens = self.model.turn_tokens()
         self.verify_seconds = 0.0  # the last tree's verify (what a look-ahead may overlap)
         self.plain_seconds = 0.0  # the last plain decode's (``decode_root``)
+        self.sizes_decoded: set[int] = set()  # batch sizes decoded so far (``PlanContext.warm``)
 
     def prefill(self, prompt: Sequence[int]) -> tuple[np.ndarray, int]:
         """Hold ``prompt``, keeping the longest prefix of ``prompt[:-1]`` already held and decoding the
         rest in one go, its last token with logits: returns that row (the distribution of the reply's
         first token; valid until the next decode) and how many tokens were kept."""
         keep = self.keep_prefix(prompt[:-1])
+        todo, step = len(prompt) - keep, self.ctx.settings.n_batch
+        self.sizes_decoded.update(min(step, todo - start) for start in range(0, todo, step))
         return self.decode_committed(prompt[keep:], want_last=True), keep
 
     def decode_root(self, root: int, meanwhile=None) -> np.ndarray:
@@ -132,6 +135,7 @@ class Target(CachedModel):
         self.ctx.decode([root], [position], [self.tagged_seqs], [True], meanwhile=meanwhile)
         self.committed.append(int(root))
         self.plain_seconds = self.ctx.last_decode
+        self.sizes_decoded.add(1)
         return self.ctx.logits_rows(1)[0]
 
     def verify(
@@ -151,12 +155,14 @@ class Target(CachedModel):
                 return layout, root_row[None, :]
             n, base = tree.size - 1, len(self.committed) - 1  # base: the committed root's position
             self.ctx.decode(tree.tokens[1:], base + layout.depth[1:], layout.seq_ids[1:], [True] * n)
+            self.sizes_decoded.add(n)
             return layout, np.vstack([root_row[None, :], self.ctx.logits_rows(n)])
         if tree.size == 1:  # nothing drafted: plain decoding, committed at once
             return layout, self.decode_root(tree.token_ids[0])[None, :]
         positions = len(self.committed) + layout.depth
         self.ctx.decode(tree.tokens, positions, layout.seq_ids, [True] * tree.size, meanwhile=meanwhile)
         self.verify_seconds = self.ctx.last_decode
+        self.sizes_decoded.add(tree.size)
         return layout, self.ctx.logits_rows(tree.size)
 
     def commit(

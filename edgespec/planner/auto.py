@@ -81,6 +81,7 @@ class AutoPlanner(Planner):
     policy: Policy = field(init=False, repr=False)
     _evidence: str = field(default=PLAIN, repr=False)  # what the last step tells the guard
     _pending: int = field(default=1, repr=False)  # the tokens the last step's draft caught up on
+    _new_size: bool = field(default=False, repr=False)  # the last tree's size: not decoded before
 
     def __post_init__(self) -> None:
         self.policy = Policy(
@@ -155,6 +156,7 @@ class AutoPlanner(Planner):
             self._evidence = "catch-up"  # a one-off cost after plain steps, no evidence about drafting
         tree = self._tree(root_token, drafter, ctx, trie, cap, pending, copies)
         self.size = tree.size - 1
+        self._new_size = tree.size not in ctx.warm
         return tree
 
     def _tree(self, root_token, drafter, ctx, trie, cap: int, pending: int, copies: int) -> DraftTree:
@@ -177,7 +179,7 @@ class AutoPlanner(Planner):
             catch_up = float(costs.k(pending))
             known = drafter.known((root_token,))
             growth = AutoGrowth(
-                costs, ratio, prior, cap, self.max_depth, 0.0 if known else catch_up,
+                cal.sizing(ctx.warm), ratio, prior, cap, self.max_depth, 0.0 if known else catch_up,
                 saved=catch_up if known else 0.0, known=drafter.known,
             )  # fmt: skip
             tree = level_tree(root_token, drafter, growth, trie, self.copier)
@@ -187,21 +189,16 @@ class AutoPlanner(Planner):
         return tree
 
     # -- learning ---------------------------------------------------------------------------------
-    def _first_remote_verify(self, size: int) -> bool:
-        """A target on RPC servers verifying a batch of a size it has not verified before: measured at
-        about twice a later one's time (traced: a process's first 2-token verify 0.63 s, later 0.32 s),
-        which a guard would take for speculation losing to plain decoding."""
-        costs = self.calibration.costs
-        return costs is not None and costs.look_ahead and size not in self.calibration.sizes_seen
-
     def observe(self, event) -> None:
         """What the step did (a ``StepEvent``): the decoder calls this after every step."""
         self.copier.observe(event.tree, event.accepted_path)  # the copies' acceptance rates
         self.copies.observe(event, copied=self.mode == COPY)  # the copy steps' r_c
         cal = self.calibration
         evidence = self._evidence
-        if evidence != "plain" and self._first_remote_verify(event.verified_nodes):
-            evidence = None  # the RPC servers' one-off work for a new batch size: no evidence either way
+        if evidence != "plain" and self._new_size and cal.costs is not None and cal.costs.look_ahead:
+            # one-off round trips for a batch size new to the target (traced at 20 ms: a process's first
+            # 2-token verify 0.63 s, later ones 0.32 s): no evidence either way
+            evidence = None
         self.guards.observe(evidence, event.token_ids, event.timings.total, self._pending)
         if self.costs is None or self.policy.never_drafts:
             return  # no draft trees for good: nothing else to learn
@@ -209,11 +206,11 @@ class AutoPlanner(Planner):
         if event.guess is not None and event.tokens:  # over RPC, a step that drafted nothing: a free guess
             cal.learn_guess(event.guess, event.tokens[0].id)
         if self.mode == COPY:
-            cal.learn_costs(event)  # the batch's cost; the draft's calibration is not involved
+            cal.learn_costs(event, self._new_size)  # the batch's cost, not the draft's calibration
         elif event.drafted == 0 and event.draft_decodes == 0:
             cal.learn_plain(event)
         else:
-            cal.learn_costs(event)
+            cal.learn_costs(event, self._new_size)
             if self.mode == PARALLEL:
                 cal.learn_one_pass(event)  # its own calibration: the masks' rows are not the draft's
             else:

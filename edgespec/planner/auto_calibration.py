@@ -3,6 +3,8 @@
 - **Curves** (``effective``): the pair's measured cost profile (``edgespec.measure.costs``) with two
   learned factors, measured ÷ profiled cost of batches (n ≥ 2) and of drafting, each over the same
   ratio for plain decoding — so a profile taken on a busy machine is corrected, whatever the load now.
+  Over RPC a batch size the target has not decoded yet costs more once (``one_off``): trees are sized
+  on curves that charge it (``sizing``).
 - **r**, the draft's calibration: tokens accepted ÷ predicted (Σ p̂ of the verified trees), decayed
   per draft-tree step, prior 1 worth ``PRIOR_WEIGHT`` tokens. A tree's expected yield is r · Σ p̂.
   Over RPC a step that drafted nothing counts too: the draft guessed its root's next token while the
@@ -20,6 +22,7 @@ The copies' calibration r_c is ``auto_copies.CopySteps``'s.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,6 +36,7 @@ PRIOR_WEIGHT = 4.0  # the priors count as this many observed nodes / predicted t
 PROFILE_MEMORY = 8.0  # the running profile weighs as this many nodes against a step's new ones
 DECAY = 0.97  # per observed draft-tree step: older steps fade
 FACTOR_RANGE = (0.25, 8.0)  # learned cost factors stay within this range
+ONE_OFF_SHARE = 4  # over RPC a tree size not decoded yet costs its one-off ÷ this (``sizing``)
 LOOK_AHEAD_CHAIN = 4  # the chain the look-ahead's prior assumes (``Calibration._look_ahead_prior``)
 
 
@@ -65,10 +69,8 @@ class Calibration:
     chain_hit: float | None = None  # the fit's P(top-1 right LOOK_AHEAD_CHAIN + 1 times in a row)
     epoch: int = 0  # bumped whenever anything a forecast reads changes
     _factors_used: tuple[float, float] = (1.0, 1.0)
-    # Batch sizes verified before: the first verify of a size pays one-off work, not what later ones
-    # cost. Over RPC it is large: ggml's RPC client asks the servers, one round trip each, how much
-    # memory every matrix product of a shape it has not seen needs (traced at 20 ms: +0.3 s).
-    sizes_seen: set[int] = field(default_factory=set)
+    one_off: float = 0.0  # over RPC: seconds a batch size's first verify costs extra (EMA; ``sizing``)
+    _sizing: tuple[tuple, CostModel] | None = None  # (key, curves) of the last ``sizing``
     _drafting_measured: bool = False  # a step measured the drafting factor (the prior is left behind)
 
     def use_costs(self, costs: CostModel) -> None:
@@ -100,6 +102,22 @@ class Calibration:
         self.draft_factor = float(np.clip(1.0 - hit, *FACTOR_RANGE))
         self._apply_factors()
 
+    def sizing(self, warm: Collection[int]) -> CostModel:
+        """The curves trees are sized with: ``effective``, where over RPC each size the target has not
+        decoded yet (not in ``warm``) also costs its one-off ÷ ``ONE_OFF_SHARE`` (the verifies of that
+        size assumed to share it) — trees keep to the sizes paid for unless a new one is clearly better.
+        Whether to draft at all is decided on ``effective``: a one-off is no reason to stop."""
+        if self.one_off <= 0:
+            return self.effective
+        key = (id(self.effective), self.one_off, len(warm))  # ``warm`` only grows within a process
+        if self._sizing is None or self._sizing[0] != key:
+            c = self.effective
+            target = c.target.copy()
+            new = [n - 1 for n in range(2, target.shape[0] + 1) if n not in warm]
+            target[new] += self.one_off / ONE_OFF_SHARE
+            self._sizing = key, CostModel(target, c.draft, c.catchup, c.overhead, c.look_ahead)
+        return self._sizing[1]
+
     @property
     def plain_decode(self) -> float:
         """c_t(1) as profiled: one plain decode."""
@@ -128,15 +146,19 @@ class Calibration:
     def learn_plain(self, event) -> None:
         self.plain_verify = _ema(self.plain_verify, event.timings.verify, 0.2)
 
-    def learn_costs(self, event) -> None:
+    def learn_costs(self, event, first: bool = False) -> None:
         """Measured ÷ profiled for the tree's verify and its drafting, over the same for plain decoding;
-        the curves are rescaled when a factor moved by more than a tenth."""
+        the curves are rescaled when a factor moved by more than a tenth. ``first``: the target had not
+        decoded a batch of this size before — one-off work, no evidence of what batches cost (over RPC
+        it is large, and learnt as ``one_off``)."""
         plain = (self.plain_verify / self.plain_decode) if self.plain_verify else 1.0
         size, verify = event.verified_nodes, event.timings.verify
-        if size >= 2 and verify > 0 and size in self.sizes_seen:
+        if size >= 2 and verify > 0 and not first:
             measured = verify / float(self.costs.t(size)) / plain
             self.batch_factor = float(np.clip(_ema(self.batch_factor, measured, 0.3), *FACTOR_RANGE))
-        self.sizes_seen.add(size)  # a batch size's first verify is no evidence (see the field)
+        elif size >= 2 and verify > 0 and self.costs.look_ahead:
+            expected = float(self.costs.t(size)) * self.batch_factor * plain
+            self.one_off = _ema(self.one_off or None, max(verify - expected, 0.0), 0.5)
         drafting = event.timings.draft + event.timings.plan
         if self.draft_predicted > 0 and drafting > 0:
             self._drafting_measured = True

@@ -10,7 +10,7 @@ verification of several branches: the verifier tries them one after the other.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -277,6 +277,9 @@ class PlanContext:
     # End-of-turn and chat-template tokens: a copy never runs past one (what follows it in the history
     # is the next turn, not what this answer will say).
     turn_tokens: frozenset[int] = frozenset()
+    # Batch sizes the target has decoded before (read-only). Over RPC the first decode of a size pays
+    # one-off round trips: ggml's RPC client asks each server what every new matrix product needs.
+    warm: Collection[int] = frozenset()
 
 
 @dataclass(frozen=True)
