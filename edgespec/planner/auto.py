@@ -176,16 +176,14 @@ class AutoPlanner(Planner):
             ratio = max(cal.ratio, 1.0) if probe else cal.ratio
             prior = np.maximum(cal.profile, PROBE_PROFILE) if probe else cal.profile
             # the draft's catch-up and root, unless its look-ahead decoded the root already
-            catch_up = float(costs.k(pending))
-            known = drafter.known((root_token,))
+            spent = 0.0 if drafter.known((root_token,)) else float(costs.k(pending))
             growth = AutoGrowth(
-                cal.sizing(ctx.warm), ratio, prior, cap, self.max_depth, 0.0 if known else catch_up,
-                saved=catch_up if known else 0.0, known=drafter.known,
-            )  # fmt: skip
-            tree = level_tree(root_token, drafter, growth, trie, self.copier)
-            spent = growth.spent + growth.saved  # what learn_costs compares with: the look-ahead's
-            # savings count as drafting done, so the drafting factor learns the share steps really pay
-        cal.draft_predicted = spent / cal.draft_factor  # as profiled
+                cal.sizing(ctx.warm), ratio, prior, cap, self.max_depth, spent, known=drafter.known
+            )
+            tree, spent = level_tree(root_token, drafter, growth, trie, self.copier), growth.spent
+        # as profiled: what learn_costs compares with. What the look-ahead decoded is not in it (those
+        # nodes are free in every step they are known), so the factor is what drafting costs when paid.
+        cal.draft_predicted = spent / cal.draft_factor
         return tree
 
     # -- learning ---------------------------------------------------------------------------------

@@ -50,7 +50,6 @@ class AutoGrowth:
     cap: int  # most draft tokens
     max_depth: int
     spent: float  # seconds of drafting so far (from the draft's catch-up on)
-    saved: float = 0.0  # seconds of drafting the look-ahead spared this step (``_free``)
     tops: np.ndarray = field(default_factory=lambda: np.zeros(PROFILE_LEN))  # Σ top-j of this step's rows
     known: Callable[[Sequence[int]], bool] = lambda path: False  # ``Drafter.known``: decoded already
 
@@ -74,7 +73,6 @@ class AutoGrowth:
         depth = growth.tree.depth
         expandable = np.array([depth[u] < self.max_depth for u in candidates], dtype=bool)
         if self._free(growth, candidates, pool, expandable, forced_e, forced_n):
-            self.saved += float(self.costs.d(1))
             return [candidates[0]]  # no decode: the draft's look-ahead did it during the last verify
         # Children not drafted yet look like this step's distributions so far (the running profile
         # weighs in as STEP_PRIOR nodes): a confident chain is expected to stay confident.
