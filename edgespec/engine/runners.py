@@ -29,6 +29,7 @@ class CachedModel:
         self.n_seq = ctx.settings.n_seq_max
         self.tagged_seqs: tuple[int, ...] = (0,)  # the ids every committed cell carries: 0 … w−1
         self.committed: list[int] = []
+        self.sizes_decoded: set[int] = set()  # batch sizes decoded (the target's: ``PlanContext.warm``)
 
     @property
     def n_ctx(self) -> int:
@@ -51,20 +52,22 @@ class CachedModel:
         del self.committed[keep:]
         return keep
 
-    def decode_committed(self, tokens: Sequence[int], want_last: bool) -> np.ndarray | None:
+    def decode_committed(self, tokens: Sequence[int], want_last: bool, meanwhile=None) -> np.ndarray | None:
         """Decode a chain of tokens into the committed prefix (every tagged sequence id); returns the last
-        token's logits row when asked."""
+        token's logits row when asked. ``meanwhile``: as ``Context.decode``'s, for the last chunk."""
         step = self.ctx.settings.n_batch
         for start in range(0, len(tokens), step):
             chunk = tokens[start : start + step]
             base = len(self.committed)
-            last = want_last and start + step >= len(tokens)
+            final = start + step >= len(tokens)
             self.ctx.decode(
                 chunk,
                 range(base, base + len(chunk)),
                 [self.tagged_seqs] * len(chunk),
-                [last and i == len(chunk) - 1 for i in range(len(chunk))],
+                [want_last and final and i == len(chunk) - 1 for i in range(len(chunk))],
+                meanwhile=meanwhile if final else None,
             )
+            self.sizes_decoded.add(len(chunk))
             self.committed.extend(int(t) for t in chunk)
         return self.ctx.logits_rows(1)[0] if want_last and tokens else None
 
@@ -117,26 +120,20 @@ class Target(CachedModel):
         self.turn_tokens = self.model.turn_tokens()
         self.verify_seconds = 0.0  # the last tree's verify (what a look-ahead may overlap)
         self.plain_seconds = 0.0  # the last plain decode's (``decode_root``)
-        self.sizes_decoded: set[int] = set()  # batch sizes decoded so far (``PlanContext.warm``)
 
     def prefill(self, prompt: Sequence[int]) -> tuple[np.ndarray, int]:
         """Hold ``prompt``, keeping the longest prefix of ``prompt[:-1]`` already held and decoding the
         rest in one go, its last token with logits: returns that row (the distribution of the reply's
         first token; valid until the next decode) and how many tokens were kept."""
         keep = self.keep_prefix(prompt[:-1])
-        todo, step = len(prompt) - keep, self.ctx.settings.n_batch
-        self.sizes_decoded.update(min(step, todo - start) for start in range(0, todo, step))
         return self.decode_committed(prompt[keep:], want_last=True), keep
 
     def decode_root(self, root: int, meanwhile=None) -> np.ndarray:
         """Plain decoding: the root alone, straight into the committed prefix (``meanwhile``: as for
         ``verify``); returns its logits row."""
-        position = len(self.committed)
-        self.ctx.decode([root], [position], [self.tagged_seqs], [True], meanwhile=meanwhile)
-        self.committed.append(int(root))
+        row = self.decode_committed([root], want_last=True, meanwhile=meanwhile)
         self.plain_seconds = self.ctx.last_decode
-        self.sizes_decoded.add(1)
-        return self.ctx.logits_rows(1)[0]
+        return row
 
     def verify(
         self, tree: DraftTree, root_row: np.ndarray | None = None, meanwhile=None
