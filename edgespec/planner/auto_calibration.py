@@ -175,13 +175,17 @@ class Calibration:
             self.predicted = DECAY * self.predicted + event.expected_accept
         tree = event.tree
         if tree is not None and tree.dists:
-            tops = np.zeros((len(tree.dists), PROFILE_LEN))
-            for i, dist in enumerate(tree.dists.values()):
-                k = min(PROFILE_LEN, dist.probs.shape[0])
-                tops[i, :k] = dist.probs[:k]
-            weight = len(tree.dists) / (len(tree.dists) + PROFILE_MEMORY)
-            self.profile = (1 - weight) * self.profile + weight * tops.mean(axis=0)
+            self._learn_profile(list(tree.dists.values()))
         self.epoch += 1
+
+    def _learn_profile(self, dists: list[SparseDist]) -> None:
+        """The running top-j profile moves towards these distributions' mean, each worth one node."""
+        tops = np.zeros((len(dists), PROFILE_LEN))
+        for i, dist in enumerate(dists):
+            k = min(PROFILE_LEN, dist.probs.shape[0])
+            tops[i, :k] = dist.probs[:k]
+        weight = len(dists) / (len(dists) + PROFILE_MEMORY)
+        self.profile = (1 - weight) * self.profile + weight * tops.mean(axis=0)
 
     def learn_guess(self, guess: SparseDist, token: int) -> None:
         """A step that drafted nothing, over RPC: the draft's distribution at its root, decoded while
@@ -191,11 +195,7 @@ class Calibration:
             return
         self.accepted = DECAY * self.accepted + float(int(guess.ids[0]) == token)
         self.predicted = DECAY * self.predicted + float(guess.probs[0])
-        tops = np.zeros(PROFILE_LEN)
-        k = min(PROFILE_LEN, guess.probs.shape[0])
-        tops[:k] = guess.probs[:k]
-        weight = 1.0 / (1.0 + PROFILE_MEMORY)
-        self.profile = (1 - weight) * self.profile + weight * tops
+        self._learn_profile([guess])
         self.epoch += 1
 
     def learn_one_pass(self, event) -> None:
