@@ -222,3 +222,26 @@ def test_steps_that_draft_nothing_catch_the_draft_up_and_guess_meanwhile(every):
         assert right >= len(guessed) // 2  # a close draft (noise 0.1) guesses right most of the time
         if every and polls == (8,):
             assert sum(e.reused for e in events if e.drafted) > 0
+
+
+def test_auto_looks_ahead_only_where_a_tree_drafted_for_free_would_pay():
+    """Over RPC the look-ahead's draft decodes share this machine's cores with the target's own share
+    (on a 2-core EPYC at 0 ms added delay they slowed plain verifies from 66 to 73 ms): auto keeps it
+    for where a tree whose drafting cost nothing would beat plain decoding. The same curve — a
+    2-token verify costs 1.6 plain decodes, so a long accepted chain could pay (auto may draft) — with
+    a poor draft (top-1 0.5, r 0.6: no tree pays even drafted for free) and a good one."""
+    import dataclasses
+
+    import numpy as np
+
+    from edgespec.planner.auto import AutoPlanner
+    from edgespec.planner.auto_calibration import DraftFit
+    from edgespec.planner.costmodel import CostModel
+
+    curve = CostModel.from_functions(lambda n: 0.065 * (1 + 0.6 * (n - 1)), lambda n: 0.01 * n)
+    for top1, ratio, looks in ((0.5, 0.6, False), (0.9, 1.0, True)):
+        planner = AutoPlanner(costs=dataclasses.replace(curve, look_ahead=True))
+        planner.use_fit(DraftFit(np.array([top1, 0.1, 0.05, 0.03]), ratio=ratio, tokens=64))
+        planner.policy.decide(1, planner.budget)  # step 1 of the policy: could a tree ever pay?
+        assert planner.may_draft
+        assert planner.may_look_ahead is looks

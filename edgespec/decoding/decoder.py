@@ -253,8 +253,8 @@ def _look_ahead(draft, planner: Planner, target, tree: DraftTree):
     tree's likeliest path (``Draft.look_ahead``), hiding the next step's drafting when the target
     accepts that path — after catching up, when the step drafted nothing (a root-only tree decoded
     plainly, or copies). None where nothing can overlap the verify (a target on this machine), or for
-    a planner that will not draft again."""
-    if not (planner.may_draft and getattr(target.ctx, "remote", False)):
+    a planner whose drafting would not pay even done meanwhile (``Planner.may_look_ahead``)."""
+    if not (planner.may_look_ahead and getattr(target.ctx, "remote", False)):
         return None
     # the last decode of the same kind: the next tree is usually of the same size
     expected = target.verify_seconds if tree.size > 1 else target.plain_seconds

@@ -129,6 +129,10 @@ class AutoPlanner(Planner):
     def may_draft(self) -> bool:
         return not self.policy.never_drafts  # copies and plain steps need no draft
 
+    @property
+    def may_look_ahead(self) -> bool:
+        return self.may_draft and self.policy.free_trees_pay  # else it only slows the target here
+
     def draft_setup(self) -> DraftSetup:
         if not self.masks:
             return DraftSetup()

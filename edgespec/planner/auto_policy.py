@@ -22,7 +22,11 @@ E the tree's Σ p̂ and r the draft's calibration (``auto_calibration``).
    on one 48-token answer's first steps, 11 % of its time on the Xeon; short answers now never probe).
 4. **Copies** (``auto_copies.CopySteps``): verified alone when their best size's rate beats plain
    decoding and the draft's forecast.
-5. **The guard** overrules 2–4: a kind (copies, draft trees) that lost to plain decoding in this
+5. **The look-ahead** (a target on RPC servers: the draft works while the target verifies) runs only
+   while a tree whose drafting cost nothing would beat plain decoding (``free_trees_pay``): where even
+   that loses (a steep cost curve behind a fast link), the look-ahead's decodes only compete with the
+   target for this machine's cores (traced at 0 ms on a 2-core EPYC: plain verifies 66 → 73 ms).
+6. **The guard** overrules 2–4: a kind (copies, draft trees) that lost to plain decoding in this
    answer waits for its retry, and a plain step is taken when plain decoding's speed needs measuring.
 """
 
@@ -57,12 +61,27 @@ class Policy:
     forecast_rate: float = 0.0  # this step's forecast when drafting
     _forecast: tuple[int, Choice] | None = field(default=None, repr=False)  # (calibration epoch, choice)
     _ceiling_ok: bool | None = field(default=None, repr=False)
+    _free: tuple[int, bool] | None = field(default=None, repr=False)  # (calibration epoch, free_trees_pay)
     _curves: CostModel | None = field(default=None, repr=False)  # the curves the caches were made with
 
     @property
     def never_drafts(self) -> bool:
         """Step 1 said no tree could ever beat plain decoding on this machine."""
         return self._ceiling_ok is False
+
+    @property
+    def free_trees_pay(self) -> bool:
+        """Step 5: a forecast tree beats plain decoding when its drafting costs nothing (the draft's
+        look-ahead did it while the target verified)."""
+        cal = self.calibration
+        if cal.costs is None or self._ceiling_ok is False:
+            return False
+        if self._free is None or self._free[0] != cal.epoch:
+            c = cal.effective
+            free = CostModel(c.target, 0 * c.draft, 0 * c.catchup, c.overhead, c.look_ahead)
+            f = simulate(0.0, cal.ratio, free, self.budget, cal.profile, self.max_depth)
+            self._free = cal.epoch, f.m > 0 and f.rate > (1 + MARGIN) / cal.plain_decode
+        return self._free[1]
 
     def choose(self, trie: CopyTrie, pending: int, cap: int) -> tuple[str, int]:
         """(mode, copies to verify alone) for a step whose draft must first decode ``pending`` tokens."""

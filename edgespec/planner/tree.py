@@ -324,6 +324,11 @@ class Planner:
         conversation between replies)."""
         return self.needs_draft
 
+    @property
+    def may_look_ahead(self) -> bool:
+        """Whether the draft should work while a target on RPC servers verifies (``Draft.look_ahead``)."""
+        return self.may_draft
+
     def describe(self) -> str:
         """Short parameter summary for status bars and bench tables, e.g. 'k=4 τ=2 budget=16'."""
         raise NotImplementedError
