@@ -131,7 +131,7 @@ class AutoPlanner(Planner):
 
     @property
     def may_look_ahead(self) -> bool:
-        return self.may_draft and self.policy.free_trees_pay  # else it only slows the target here
+        return self.policy.free_trees_pay  # False where auto never drafts; else: only slows the target
 
     def draft_setup(self) -> DraftSetup:
         if not self.masks:

@@ -74,7 +74,7 @@ class Policy:
         """Step 5: a forecast tree beats plain decoding when its drafting costs nothing (the draft's
         look-ahead did it while the target verified)."""
         cal = self.calibration
-        if cal.costs is None or self._ceiling_ok is False:
+        if cal.costs is None or self.never_drafts:
             return False
         if self._free is None or self._free[0] != cal.epoch:
             c = cal.effective
