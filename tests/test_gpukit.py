@@ -87,5 +87,8 @@ def test_measurement_runs_end_to_end_on_cpu(tmp_path):
     assert set(result["costs"]["target"]) == {"1", "2", "4"} and result["plain"]["tokens_per_second"] > 0
     assert [(o["strategy"], o["budget"]) for o in result["overhead"]] == [("chain", 8), ("dyspec", 8)]
     assert all(o["python_ms_per_step"] > 0 for o in result["overhead"])
+    # the step's wall time as it ran: its draft and verify parts, Python besides
+    for o in result["overhead"]:
+        assert o["step_ms"] >= max(o["draft_ms_per_step"], o["verify_ms_per_step"]) > 0
     assert [p["key"] for p in doc["predicted"][result["target"]]] == ["dyspec:8"]
     assert "predicted speedup" in out.with_suffix(".md").read_text()

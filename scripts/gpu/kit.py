@@ -8,7 +8,8 @@ fully and records, per target size:
   (``costs.measure``: each sample paired with a 1-token sample of the same curve);
 - plain tokens/s (the target alone, one token per decode);
 - edgespec's Python overhead per step (``time_split.python``) for each strategy at budgets 4/8/16/32,
-  with the median draft passes per step.
+  with the median draft passes per step, and each step's wall time as it ran (draft, verify, total:
+  the formula's curve sum checked against the real loop, CUDA graphs and all).
 
 ``predict`` combines those curves with the acceptance measured on the real pair (a ``bench --json``
 document: MAL, verified tokens and draft passes per step of each strategy/budget) into the speedup
@@ -58,7 +59,8 @@ def make_model(name: str, tokenizer_gguf: str, out_dir: Path, qtype: str = "Q4_K
 
 
 def overhead(pair, strategy: str, budget: int, prompt: list[int], tokens: int) -> dict:
-    """Median Python ms per step and draft passes per step of one strategy/budget (greedy)."""
+    """Median Python ms, draft passes and wall ms (draft, verify, whole step) per step of one
+    strategy/budget (greedy)."""
     from edgespec.decoding.decoder import Request, generate
     from edgespec.strategy import PairDefaults, StrategyChoice, make_planner
 
@@ -73,6 +75,9 @@ def overhead(pair, strategy: str, budget: int, prompt: list[int], tokens: int) -
         "python_ms_per_step": median(e.timings.python for e in steps) * 1000,
         "draft_passes_per_step": median(e.draft_decodes for e in steps),
         "verified_per_step": median(e.verified_nodes for e in steps),
+        "draft_ms_per_step": median(e.timings.draft for e in steps) * 1000,
+        "verify_ms_per_step": median(e.timings.verify for e in steps) * 1000,
+        "step_ms": median(e.timings.total for e in steps) * 1000,
     }
 
 
@@ -147,14 +152,16 @@ def markdown(results: list[dict], acceptance: dict[str, dict] | None) -> str:
         )
     lines += [
         "",
-        "| target | strategy | budget | python ms/step | draft passes/step |",
-        "|---|---|---:|---:|---:|",
+        "| target | strategy | budget | python ms/step | draft passes/step | draft ms | verify ms "
+        "| step ms |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         for o in r["overhead"]:
             lines.append(
                 f"| {r['target']} | {o['strategy']} | {o['budget']} | {o['python_ms_per_step']:.2f} | "
-                f"{o['draft_passes_per_step']:g} |"
+                f"{o['draft_passes_per_step']:g} | {o['draft_ms_per_step']:.2f} | "
+                f"{o['verify_ms_per_step']:.2f} | {o['step_ms']:.2f} |"
             )
     if acceptance:
         lines += [
