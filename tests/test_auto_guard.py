@@ -120,6 +120,74 @@ def test_copies_that_would_win_end_the_wait():
     assert guard.allows(MIN_STEPS + 1)
 
 
+def _drafts_lost_a_token(depth: int) -> Guards:
+    """Guards whose draft trees (of height ``depth``) just lost: one tree, 1 token in 3.5 plain steps'
+    time (c = 1 s), off until 2.5 tokens are ``RETRY_SHARE`` of the wait."""
+    guards = Guards(plain_seconds=1.0, draft_depth=depth)
+    guards.observe("draft", [5], 3.5)
+    assert guards.drafts.waiting(guards.step) >= 2.5 / RETRY_SHARE
+    return guards
+
+
+@pytest.mark.parametrize(
+    "guesses, depth, resumes",
+    [
+        ([True, True, True, False] * 3, 4, True),  # chains of 3 right guesses + 1: 4 tokens in 3.5 s
+        ([False] * 12, 4, False),  # every guess wrong: 1 token in 3.5 s
+        ([True] * 12, 1, False),  # right, but the trees drafted 1 deep: 2 tokens in 3.5 s
+        ([None] * 12, 4, False),  # no guesses (a local target): nothing to go on
+    ],
+)
+def test_free_guesses_that_would_win_end_the_drafts_wait(guesses, depth, resumes):
+    """Over RPC the draft guesses each plain step's token while the target decodes it; a run of right
+    guesses from a step is the chain it would have drafted there. Chains that beat plain decoding end
+    the drafts' wait within a few of them; chains that would not (wrong guesses, or right ones no deeper
+    than the trees the drafts verified) leave the wait as it was."""
+    guards = _drafts_lost_a_token(depth)
+    wait = guards.drafts.waiting(guards.step)
+    for right in guesses:
+        guards.observe("plain", [5], 1.0, guess_right=right)
+    assert (guards.drafts.waiting(guards.step) == 0) is resumes
+    if not resumes:
+        assert guards.drafts.waiting(guards.step) == wait - len(guesses)
+
+
+def test_a_step_that_was_not_plain_breaks_the_chain_of_guesses():
+    guards = _drafts_lost_a_token(4)
+    for _ in range(3):
+        for right in (True, True, True):
+            guards.observe("plain", [5], 1.0, guess_right=right)
+        guards.observe("copy", [5, 6], 1.0, guess_right=False)  # the chain's end is unknown: no evidence
+    assert guards.drafts.shadow.steps == 0 and guards.drafts.waiting(guards.step) > 0
+
+
+def test_auto_reads_the_free_guess_of_each_plain_step(monkeypatch):
+    """The wiring: auto tells its guard whether each plain step's guess (``StepEvent.guess``) named the
+    token the target wrote; drafts waiting after a loss resume once those guesses would have won."""
+    link = CostModel.from_functions(lambda n: C1 * (1 + 0.08 * (n - 1)), lambda m: 0.3 * C1)
+    planner = AutoPlanner(costs=dataclasses.replace(link, look_ahead=True))
+    told = []
+    observe = Guards.observe
+    monkeypatch.setattr(Guards, "observe", lambda self, *a: told.append(a[-1]) or observe(self, *a))
+    planner.guards = _drafts_lost_a_token(4)
+    planner.policy.guards = planner.guards
+    planner.guards.plain_seconds = C1
+    planner.guards.drafts.measured = 2 * C1
+    for step in range(12):
+        written = 7 + step
+        guess = sparse(np.eye(V)[written if step % 4 != 3 else 0], top_k=2)  # right thrice, then wrong
+        planner.observe(dataclasses.replace(_plain_step(written), guess=guess))
+    assert told[1:] == [step % 4 != 3 for step in range(12)]
+    assert planner.guards.drafts.waiting(planner.guards.step) == 0
+
+
+def _plain_step(token: int):
+    from edgespec.decoding.events import EmittedToken, Provenance, StepEvent, StepTimings
+
+    written = (EmittedToken(token, Provenance.TARGET, 1.0),)
+    return StepEvent(tokens=written, text="", drafted=0, accepted=0, timings=StepTimings(verify=C1))
+
+
 # -- auto on a machine its cost model gets wrong --------------------------------------------------------
 def test_auto_stays_near_plain_speed_when_the_cost_model_flatters_drafting(wrong_and_stubborn, monkeypatch):
     """The profile says a GPU (flat verify, free drafting); the machine is steep. The draft is perfect,

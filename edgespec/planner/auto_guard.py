@@ -37,6 +37,15 @@ followed along what the target writes (``auto_copies.Unverified``): each is an i
 that would have delivered its accepted copies + 1 tokens in the time copy steps took (counted once it
 leaves the tree, or as soon as its copies so far beat that time by a token). When ``MIN_STEPS`` of
 them win (mean x − Z · SE > 0), the wait ends: a copyable passage is caught within a few tokens.
+
+Draft trees, too, are followed while they wait wherever the draft guesses for free (a target on RPC
+servers: the draft decodes each plain step's root while the target does, ``StepEvent.guess``). A chain
+drafted at plain step i would have accepted the run of right guesses from step i on: greedy, its node
+at depth d + 1 is the draft's guess after its node at depth d, which — when that node was right — is
+the token the target wrote at step i + d, so it is the guess step i + d made. Each such run, up to the
+depth of the last tree the drafts verified, is an imagined draft step delivering its right guesses + 1
+tokens in the time draft steps took; winning ones end the wait as the copies' do. (A tree holds that
+chain, so it accepts at least as much: the evidence errs towards waiting.)
 """
 
 from __future__ import annotations
@@ -178,6 +187,8 @@ class Guards:
     step: int = 0  # steps observed
     last_plain: int = -1  # the step of the last plain measurement
     shadows: list[list] = field(default_factory=list)  # [copy tree not verified, its copies accepted]
+    draft_depth: int = 1  # the height of the last draft tree verified: how deep an imagined chain goes
+    guessed: int | None = None  # right guesses in a row of the chain imagined from a plain step
 
     def restart(self) -> None:
         """A new answer: fresh evidence; copies start afresh, draft trees keep their wait (and c is
@@ -194,10 +205,16 @@ class Guards:
         speculating = self.copies.evidence.steps + self.drafts.evidence.steps > 0
         return speculating and (self.last_plain < 0 or self.step - self.last_plain >= PLAIN_REFRESH)
 
-    def observe(self, kind: str | None, written: Sequence[int], seconds: float, pending: int = 1) -> None:
+    def observe(
+        self, kind: str | None, written: Sequence[int], seconds: float, pending: int = 1,
+        guess_right: bool | None = None,
+    ) -> None:  # fmt: skip
         """A finished step that wrote ``written``: ``kind`` "plain", "copy", "draft", "catch-up" (a draft
-        tree that first caught up on ``pending`` tokens: charged, not evidence), or None."""
+        tree that first caught up on ``pending`` tokens: charged, not evidence), or None;
+        ``guess_right``: whether the draft's free guess of a plain step's token was right (None: no
+        guess)."""
         tokens, c, still = len(written), self.plain_seconds, []
+        self._follow_guesses(guess_right if kind == "plain" else None)
         for shadow in self.shadows:  # the copy trees not verified, along what the target wrote
             accepted, _, settled = shadow[0].follow(written)
             shadow[1] += accepted
@@ -222,6 +239,19 @@ class Guards:
         elif kind == "catch-up":
             self.drafts.charge(tokens, seconds, self.plain_seconds, pending)
         self.step += 1
+
+    def _follow_guesses(self, right: bool | None) -> None:
+        """The chain imagined from the first plain step of a run: one more right guess below its
+        depth, or it ends here with the target's token (an imagined draft step)."""
+        if right is None:  # no guess, or a step that was not plain: the chain is unknown
+            self.guessed = None
+            return
+        accepted = self.guessed or 0
+        if right and accepted < self.draft_depth:
+            self.guessed = accepted + 1
+            return
+        self.guessed = None
+        self.drafts.imagine(accepted + 1, self.plain_seconds, self.step)
 
 
 def _ema(old: float | None, new: float) -> float:

@@ -232,6 +232,8 @@ class StepOutcome(Protocol):
     verified_nodes: int  # tokens in the target's batch
     draft_decodes: int
     expected_accept: float  # the planner's E[A]
+    depth: int  # the verified tree's height
+    guess: SparseDist | None  # over RPC, a step that drafted nothing: the draft's guess of its token
 
     def token_ids(self) -> list[int]: ...
 
