@@ -54,7 +54,7 @@ wait_for() {  # wait_for NAME SECONDS: until the background writer has finished 
   echo "   $path not written in $2 s"; return 1
 }
 
-PARTIAL=(--sizes 1,2,3,4,6,8,12,16,24,32,48,64 --repeats 2 --strategies "")
+PARTIAL=(--sizes 1,2,3,4,6,8,12,16,24,32,48,64 --repeats 2 --strategies chain --budgets 4 --tokens 32)
 for stage in "$@"; do
   case $stage in
     sanity)
@@ -74,11 +74,11 @@ print('gpu offload:', supports_gpu_offload()); print(system_info())" 2>&1 | tail
       wait_for qwen2.5-7b 120 && measure 7b 150 --targets qwen2.5-7b --strategies chain,opt-tree,dyspec \
         --budgets 16 ;;
     s14)
-      wait_for qwen2.5-14b 150 && measure 14b 120 --targets qwen2.5-14b --strategies "" \
-        && measure 14b-half 150 --targets qwen2.5-14b --gpu-layers "${HALF14:-24}" "${PARTIAL[@]}" ;;
+      wait_for qwen2.5-14b 150 && measure 14b 120 --targets qwen2.5-14b --strategies chain --budgets 4 \
+        && measure 14b-half 170 --targets qwen2.5-14b --gpu-layers "${HALF14:-24}" "${PARTIAL[@]}" ;;
     s32)
-      wait_for qwen2.5-32b 200 && measure 32b 150 --targets qwen2.5-32b --strategies "" \
-        && measure 32b-half 200 --targets qwen2.5-32b --gpu-layers "${HALF32:-32}" "${PARTIAL[@]}" ;;
+      wait_for qwen2.5-32b 200 && measure 32b 150 --targets qwen2.5-32b --strategies chain --budgets 4,8,16 \
+        && measure 32b-half 220 --targets qwen2.5-32b --gpu-layers "${HALF32:-32}" "${PARTIAL[@]}" ;;
     s32full)
       wait_for qwen2.5-32b 200 && measure 32b 150 --targets qwen2.5-32b --strategies chain,opt-tree,dyspec --budgets 16 ;;
     *) echo "unknown stage $stage"; exit 2 ;;
