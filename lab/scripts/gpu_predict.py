@@ -6,7 +6,9 @@ For every kit result (``gpu-*.json``: one target configuration's curves, plain t
 1.5B run, the Python overhead per step of each strategy/budget), the speedup each strategy/budget of
 the acceptance documents (``bench --json`` of the real pair on a CPU) would reach there — the kit's
 formula (``scripts/gpu/kit.py``), with the Python overhead measured on the 1.5B run for the
-strategies/budgets a target was measured without — and what ``auto``'s policy would do on that curve
+strategies/budgets a target was measured without; for a chain (whose step has the same shape whatever
+is accepted: γ draft passes, γ + 1 tokens verified) also from its step **as it ran** on the random
+pair (``step_ms``: CUDA graphs and all) — and what ``auto``'s policy would do on that curve
 for a caught-up draft: its mode and its forecast over plain decoding's measured tokens/s (auto's
 default acceptance prior: before it has seen the pair's own acceptance).
 """
@@ -34,6 +36,17 @@ def auto_choice(costs, plain_rate: float, budget: int = 48) -> tuple[str, float]
     return mode, policy.forecast_rate / plain_rate
 
 
+def as_run(result: dict, acceptance: dict[str, dict]) -> str:
+    """The real pair's chain MAL × plain decoding's time per token ÷ the chain's step as it ran."""
+    plain = 1.0 / result["plain"]["tokens_per_second"]
+    cells = []
+    for o in result["overhead"]:
+        key = f"{o['strategy']}:{o['budget']}"
+        if o["strategy"] == "chain" and "step_ms" in o and key in acceptance:
+            cells.append(f"{key} {acceptance[key]['mal'] * plain / (o['step_ms'] / 1000):.2f}×")
+    return ", ".join(cells) or "-"
+
+
 def main(argv: list[str]) -> int:
     results_dir, *acceptance_files = argv
     acceptance: dict[str, dict] = {}
@@ -56,17 +69,17 @@ def main(argv: list[str]) -> int:
             )
             own = {(o["strategy"], o["budget"]) for o in r["overhead"]}
             merged = r["overhead"] + [o for o in overhead if (o["strategy"], o["budget"]) not in own]
-            rows.append((name, {**r, "overhead": merged}, c))
-    print("\n| run | " + " | ".join(acceptance) + " | best | auto (mode, forecast) |")
-    print("|---|" + "---:|" * (len(acceptance) + 2))
-    for name, r, c in rows:
+            rows.append((name, {**r, "overhead": merged}, c, as_run(r, acceptance)))
+    print("\n| run | " + " | ".join(acceptance) + " | best | auto (mode, forecast) | chain, step as run |")
+    print("|---|" + "---:|" * (len(acceptance) + 3))
+    for name, r, c, measured in rows:
         found = {p["key"]: p["speedup"] for p in predict(r, acceptance)}
         best = max(found, key=found.get) if found else "-"
         mode, forecast = auto_choice(c, r["plain"]["tokens_per_second"])
         cells = [f"{found[k]:.2f}×" if k in found else "-" for k in acceptance]
         best_cell = f"{best} {found[best]:.2f}×" if found else "-"
         said = "plain" if mode == "plain" else f"{mode}, {forecast:.2f}×"
-        print(f"| {name} | " + " | ".join(cells) + f" | {best_cell} | {said} |")
+        print(f"| {name} | " + " | ".join(cells) + f" | {best_cell} | {said} | {measured} |")
     return 0
 
 
