@@ -179,6 +179,9 @@ def test_auto_reads_the_free_guess_of_each_plain_step(monkeypatch):
         planner.observe(dataclasses.replace(_plain_step(written), guess=guess))
     assert told[1:] == [step % 4 != 3 for step in range(12)]
     assert planner.guards.drafts.waiting(planner.guards.step) == 0
+    cut = dataclasses.replace(_plain_step(7), tokens=(), guess=guess)  # an end of turn cut the token
+    planner.observe(cut)
+    assert told[-1] is None
 
 
 def _plain_step(token: int):

@@ -201,11 +201,12 @@ class AutoPlanner(Planner):
             # one-off round trips for a batch size new to the target (traced at 20 ms: a process's first
             # 2-token verify 0.63 s, later ones 0.32 s): no evidence either way
             evidence = None
-        guess = event.guess
-        right = None if guess is None or not guess.ids.shape[0] else int(guess.ids[0]) == event.token_ids[0]
+        guess, written = event.guess, event.token_ids
+        known = guess is not None and guess.ids.shape[0] > 0 and len(written) > 0
+        right = int(guess.ids[0]) == written[0] if known else None  # the free guess of a plain step's token
         if evidence == "draft":
             self.guards.draft_depth = max(event.depth, 1)
-        self.guards.observe(evidence, event.token_ids, event.timings.total, self._pending, right)
+        self.guards.observe(evidence, written, event.timings.total, self._pending, right)
         if self.costs is None or self.policy.never_drafts:
             return  # no draft trees for good: nothing else to learn
         self.policy.learn(event, self.mode, self.guards.plain_seconds or cal.plain_decode)
