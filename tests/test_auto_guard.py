@@ -120,6 +120,17 @@ def test_copies_that_would_win_end_the_wait():
     assert guard.allows(MIN_STEPS + 1)
 
 
+def test_one_huge_copy_tree_that_lost_does_not_price_every_imagined_one():
+    guard = Guard()
+    for step in range(4):
+        guard.record(5, 1.0, c=0.25, step=step)  # 6-copy trees: 5 tokens in 4 plain steps' time
+    guard.record(12, 5.0, c=0.25, step=4)  # a 48-copy tree broke after 11 copies: 8 tokens lost, off
+    assert not guard.allows(5) and guard.measured == 1.0  # the median step, not an average of 1.8 s
+    for step in range(5, 5 + MIN_STEPS):
+        guard.imagine(6, c=0.25, step=step)  # 6-copy trees followed: all right, 6 tokens in 4 steps' time
+    assert guard.allows(5 + MIN_STEPS)
+
+
 def _drafts_lost_a_token(depth: int) -> Guards:
     """Guards whose draft trees (of height ``depth``) just lost: one tree, 1 token in 3.5 plain steps'
     time (c = 1 s), off until 2.5 tokens are ``RETRY_SHARE`` of the wait."""

@@ -34,9 +34,12 @@ drafts retry at the next answer instead (the policy prices its catch-up on the p
 
 Copies cost nothing to propose, so while they wait, the copy trees auto would have verified are
 followed along what the target writes (``auto_copies.Unverified``): each is an imagined copy step
-that would have delivered its accepted copies + 1 tokens in the time copy steps took (counted once it
-leaves the tree, or as soon as its copies so far beat that time by a token). When ``MIN_STEPS`` of
-them win (mean x − Z · SE > 0), the wait ends: a copyable passage is caught within a few tokens.
+that would have delivered its accepted copies + 1 tokens in the time copy steps took — the median of
+the last ``RECENT``: one huge tree that lost (47 copies among 7-copy steps) had raised their average
+to most of its own time, every imagined tree after it lost, and copies stayed off for the rest of the
+answer. Each counts once it leaves the tree, or as soon as its copies so far beat that time by a
+token. When ``MIN_STEPS`` of them win (mean x − Z · SE > 0), the wait ends: a copyable passage is
+caught within a few tokens.
 
 Draft trees, too, are followed while they wait wherever the draft guesses for free (a target on RPC
 servers: the draft decodes each plain step's root while the target does, ``StepEvent.guess``). A chain
@@ -51,6 +54,8 @@ chain, so it accepts at least as much: the evidence errs towards waiting.)
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -67,7 +72,8 @@ RETRY_SHARE = 0.02  # the time a losing trial lost is at most this share of its 
 CALM_STEPS = 16  # steps of a kind without losing that reset its back-off
 CATCH_UP_FREE = 4  # pending tokens a draft catches up on without that counting as a one-off cost
 PLAIN_REFRESH = 128  # steps after which plain decoding is measured again (one plain step)
-MEMORY = 0.2  # weight of a new step in the measured step times (c, a kind's step: EMAs)
+MEMORY = 0.2  # weight of a new step in plain decoding's measured step time (c: an EMA)
+RECENT = 9  # a kind's step time: the median of its last this many steps
 
 
 @dataclass
@@ -118,7 +124,8 @@ class Guard:
     backoff: int = FIRST_BACKOFF  # the next wait, in steps
     off_until: int = 0  # the step from which it may run again
     calm: int = 0  # its steps since it last lost
-    measured: float | None = None  # seconds of one of its steps (EMA): what an imagined one takes
+    measured: float | None = None  # seconds of one of its steps (median): what an imagined one takes
+    recent: deque = field(default_factory=lambda: deque(maxlen=RECENT), repr=False)  # its last steps' s
     shadow: Evidence = field(default_factory=Evidence)  # imagined steps while it waits
 
     def allows(self, step: int, pending: int = 1) -> bool:
@@ -139,7 +146,8 @@ class Guard:
     def record(self, tokens: int, seconds: float, c: float | None, step: int) -> None:
         """A step of this kind; ``c``: plain decoding's seconds per token (None: not measured yet)."""
         self.evidence.add(tokens, seconds)
-        self.measured = _ema(self.measured, seconds)
+        self.recent.append(seconds)
+        self.measured = statistics.median(self.recent)
         self.calm += 1
         self.judge(c, step)
 

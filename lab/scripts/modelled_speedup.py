@@ -6,6 +6,7 @@ move a little between runs). One planner for the whole set, each prompt ``runs``
 
     python scripts/modelled_speedup.py edit auto 2
     PYTHONPATH=/tmp/before python scripts/modelled_speedup.py edit ngram 1    # another checkout
+    python lab/scripts/modelled_speedup.py conversation.jsonl auto 1 384     # tokens per answer (128)
 """
 
 import statistics
@@ -20,6 +21,7 @@ from edgespec.strategy import StrategyChoice, make_planner
 
 prompt_set, strategy = sys.argv[1], sys.argv[2]
 runs = int(sys.argv[3]) if len(sys.argv) > 3 else 1
+max_tokens = int(sys.argv[4]) if len(sys.argv) > 4 else 128
 resolved = resolve_pair()
 ratios = []
 with open_pair(resolved, EngineSettings(threads=2)) as pair:
@@ -27,11 +29,11 @@ with open_pair(resolved, EngineSettings(threads=2)) as pair:
     plain_step = float(planner.costs.t(1))
     for case in load_prompts(prompt_set):
         messages = [Message(role, content) for role, content in case.messages]
-        prompt, _ = prompt_tokens(pair, messages, ChatSettings(max_tokens=128))
+        prompt, _ = prompt_tokens(pair, messages, ChatSettings(max_tokens=max_tokens))
         for run in range(runs):
             tokens = steps = verified = 0
             priced = 0.0  # seconds the profile charges for this run's target decodes
-            for event in generate(pair, planner, Request(prompt=prompt, max_tokens=128)):
+            for event in generate(pair, planner, Request(prompt=prompt, max_tokens=max_tokens)):
                 tokens += len(event.tokens)
                 steps += 1
                 verified += event.verified_nodes
