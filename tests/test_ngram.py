@@ -121,6 +121,7 @@ def test_longer_matches_dominate_and_shorter_ones_branch():
     keep = trie.best(3)
     assert set(keep.tolist()) == {five, six, trie.kids[six][7]}  # the top p̂ form a subtree
 
+
 def test_a_match_as_long_as_n_max_counts_its_true_length():
     # A 12-token passage, other text, then the passage again up to its 10th token (the root): the
     # index matches n_max = 4 tokens, and the context agrees on all 10.

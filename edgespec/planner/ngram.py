@@ -22,10 +22,10 @@ so far, and how long tells how sure the copy is — measured on a 6-turn coding 
 bench client's), the top copy's next token was right 0.90 of the time after an 8–11-token match,
 0.95 after 16–23, 0.98 after 24–31 and 0.99 after 32 or more (the evidence llama.cpp's
 ``ngram-mod`` waits for, a 24-token key), where n_max = 8 gave them all one agreement and one
-learned rate (0.97 pooled). Chains stay
-``max_depth`` long: on a 2-core EPYC, 64-deep chains after such matches gained where an answer
-re-emits a passage whole (a rename: 1.45 → 1.51× modelled) and lost where it leaves the source at
-every method (added docstrings: 1.22 → 1.12×; a 48-copy tree broke after 11 copies, another after 5).
+learned rate (0.97 pooled). Chains stay ``max_depth`` long: on a 2-core EPYC, 64-deep chains after
+such matches gained where an answer re-emits a passage whole (a rename: 1.45 → 1.51× modelled) and
+lost where it leaves the source at every method (added docstrings: 1.22 → 1.12×; a 48-copy tree
+broke after 11 copies, another after 5).
 
 **The copy trie.** From a match starting at s, the tokens t[s..s+D) are a chain of continuation;
 chains that share a prefix share trie nodes, so several continuations per suffix form one tree.

@@ -13,7 +13,7 @@ from edgespec.decoding.decoder import Request, generate
 from edgespec.engine.pair import EngineSettings
 from edgespec.measure.prompts import load_prompts
 from edgespec.models.pairs import open_pair, resolve_pair
-from edgespec.planner.ngram import NGramIndex
+from edgespec.planner.ngram import NGramIndex, common_prefix
 
 BINS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32)
 max_tokens = int(sys.argv[2]) if len(sys.argv) > 2 else 384
@@ -36,9 +36,7 @@ with open_pair(resolve_pair(), EngineSettings(threads=2)) as pair:
                     best = (start, n)
             if best is not None:
                 start, n = best
-                run = 0  # how many tokens the answer copies from there on
-                while i + run < len(text) and start + run < i and text[start + run] == text[i + run]:
-                    run += 1
+                run = common_prefix(text[start:i], text[i:])  # how many tokens the answer copies from there
                 b = max(x for x in BINS if x <= n)
                 right[b] += run > 0
                 total[b] += 1
