@@ -10,6 +10,8 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -80,6 +82,24 @@ def test_another_llama_cpp_under_the_binding_is_refused_before_any_call(monkeypa
     assert "0.6.1" in str(raised.value) and "0.5.0-dev" in str(raised.value)
     monkeypatch.setattr(_backend, "library_versions", lambda: {"llama.cpp": "0.5.0-dev"})  # ggml not found
     _backend._ensure_backend()  # what was found agrees: no error
+
+
+@pytest.mark.parametrize(
+    "setting,on", [(None, False), ("0", False), ("1", True), ("off", False), (" 2x", True)]
+)
+def test_tiled_matmul_is_off_unless_the_user_turns_it_on(setting, on):
+    """llama.cpp's tiled K-quant matmul loses on verify-sized batches (8-33 rows) on the 2-core EPYC: the
+    engine turns it off for the process before the first decode, unless GGML_CPU_TILED_MM was set, and
+    the cost profile's key says which (another setting, another curve)."""
+    env = {k: v for k, v in os.environ.items() if k != "GGML_CPU_TILED_MM"}
+    if setting is not None:
+        env["GGML_CPU_TILED_MM"] = setting
+    code = (
+        "import os; from edgespec.engine import tiled_matmul; "
+        "print(tiled_matmul(), os.environ['GGML_CPU_TILED_MM'])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [str(on), (setting or "0").strip()]
 
 
 def test_cpu_flags_read_the_first_processor():

@@ -11,6 +11,7 @@ _WHERE = {
     "compiled_features": "._backend",
     "supports_gpu_offload": "._backend",
     "system_info": "._backend",
+    "tiled_matmul": "._backend",
     "ContextSettings": "._llama",
     "Model": "._llama",
     "Draft": ".draft",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import warnings
 from functools import cache
 from pathlib import Path
@@ -17,6 +18,12 @@ import llama_cpp.llama_cpp as _binding
 from ..errors import EngineError
 
 _BACKEND_READY = False
+# llama.cpp's tiled K-quant matmul (ggml-cpu/tiled), which it takes for batches of 8 rows or more. Verify
+# batches are 2–33 tokens, where it is slower than the row-by-row kernel on the 2-core EPYC (AVX2 build,
+# bundled pair, target decode of 8 tokens 191–203 ms off vs 269–325 ms on, 12: 277–297 vs 323–400,
+# 16: 315–345 vs 339–415; 64 and up it wins, 128: 2.49–2.57 s off vs 2.04–2.28 s on). ggml reads the
+# switch once, at the first matmul, for the whole process: edgespec turns it off unless the user set it.
+TILED_MATMUL = "GGML_CPU_TILED_MM"
 # The library that llama-cpp-python 0.3.36's ctypes declarations describe (the llama.cpp and ggml its sdist
 # vendors): ``_llama.py`` fills ``llama_batch`` and the model and context parameters through them. Another
 # libllama under the same binding (LLAMA_CPP_LIB_PATH, a library built from other sources) may lay those
@@ -51,6 +58,7 @@ def _ensure_backend() -> None:
     global _BACKEND_READY
     if not _BACKEND_READY:
         check_library(library_versions())
+        os.environ.setdefault(TILED_MATMUL, "0")
         C.llama_log_set(_SILENT_LOG, ctypes.c_void_p(0))
         C.llama_backend_init()
         _BACKEND_READY = True
@@ -98,6 +106,15 @@ def amx_guard() -> bool:
             stacklevel=3,
         )
     return risky
+
+
+@cache
+def tiled_matmul() -> bool:
+    """Whether llama.cpp's tiled K-quant matmul is on in this process, as ggml reads the switch once:
+    non-zero is on (atoi, so a word is 0)."""
+    _ensure_backend()
+    number = re.match(r"\s*[+-]?\d+", os.environ[TILED_MATMUL])
+    return bool(number) and int(number.group()) != 0
 
 
 def supports_gpu_offload() -> bool:

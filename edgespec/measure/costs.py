@@ -10,15 +10,12 @@ one level, ``decode_committed``), rolled back with ``sync``. A subset of sizes i
 repeats, sizes interleaved (forwards, then backwards) so that drift spreads evenly; the median of
 the repeats is kept and the rest of 1…64 is interpolated. Every size up to 33 (a 32-node tree and its
 root) is measured: the curves are not smooth. On a CPU, llama.cpp's repacked Q4_K weights multiply
-4 rows at a time and each leftover row streams the weights again; its Q6_K tensors take a tiled
-kernel from 8 rows on (16-row tiles), the draft's Q5_0/Q8_0 llamafile's tiles. On the 2-core AVX-512
-EPYC (1 thread) verifying 16 tokens costs 7.1 decodes, 15 tokens 10.0 and 17 tokens 8.4: a tree one
-node smaller can be a fifth cheaper. The planners that size trees by the curves (``best_size``) pick
-such sizes only if the profile shows them.
-
-The profile is cached as JSON in ``<data home>/profiles/`` keyed by the model files (sha256 from the
-store's record, else size and mtime), the offload, the threads, the weight repacking, the
-llama.cpp build and, for a target over RPC, its servers and split; ``attach`` gives it to planners.
+4 rows at a time and each leftover row streams the weights again, the draft's Q5_0/Q8_0 take
+llamafile's tiles: on the 2-core EPYC verifying 16 tokens cost 7.1 decodes, 15 tokens 10.0 and 17
+8.4. The planners that size trees by the curves (``best_size``) pick such sizes if the profile shows them.
+Cached as JSON in ``<data home>/profiles/`` keyed by the model files (sha256 from the store's record,
+else size and mtime), the offload, the threads, the weight repacking and tiled matmul, the llama.cpp
+build and, for a target over RPC, its servers and split; ``attach`` gives it to planners.
 """
 
 from __future__ import annotations
@@ -177,8 +174,10 @@ def llama_version() -> str:
 
 
 def profile_key(pair) -> dict:
-    """Everything the costs depend on: the two model files, offload, threads, repacking, the build, and
-    the RPC servers holding the target (only when there are some: local keys stay as they were)."""
+    """Everything the costs depend on: the two model files, offload, threads, repacking and the tiled
+    matmul, the build, and the RPC servers holding the target (only when there are some)."""
+    from ..engine import tiled_matmul
+
     settings = pair.settings
     threads = settings.threads or os.cpu_count() or 1
     key = {
@@ -188,6 +187,7 @@ def profile_key(pair) -> dict:
         "draft_gpu_layers": settings.draft_gpu_layers,
         "threads": threads,
         "repack": settings.repack,
+        "tiled_matmul": tiled_matmul(),
         "llama_cpp_python": llama_version(),
         "cpu": cpu_model(),
     }
