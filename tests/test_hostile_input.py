@@ -294,6 +294,10 @@ def test_prompt_building_is_linear_and_keeps_message_text(tiny_gguf, tmp_path):
         tokens, dropped = prompt_tokens(pair, messages, chat)
         whole = [{"role": "system", "content": "Be brief."}] + [vars(m) for m in messages]
         assert dropped == 0 and tokens == model.tokenize(model.apply_chat_template(whole))
+        # a system message (a bench prompt file's, a client's) counts as the system prompt
+        system = [Message("system", "Be brief.")]
+        as_message, _ = prompt_tokens(pair, system + messages, ChatSettings(max_tokens=16))
+        assert as_message == tokens
         many = [Message("user" if i % 2 == 0 else "assistant", f"turn {i}") for i in range(2001)]
         start = time.perf_counter()
         tokens, dropped = prompt_tokens(pair, many, chat)

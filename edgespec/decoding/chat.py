@@ -52,6 +52,14 @@ class ChatSettings:
     prefill: str = ""  # the answer's start, written for the model (a forced tool call's opening)
 
 
+def _system_and_turns(
+    messages: Sequence[Message], settings: ChatSettings
+) -> tuple[list[Message], list[Message]]:
+    """The system prompt (the settings', else the first system message's) and the other messages."""
+    text = settings.system_prompt or next((m.content for m in messages if m.role == "system"), "")
+    return ([Message("system", text)] if text else []), [m for m in messages if m.role != "system"]
+
+
 def prompt_tokens(pair, messages: Sequence[Message], settings: ChatSettings) -> tuple[list[int], int]:
     """Template + tokenise, trimming the oldest turns to leave ``max_tokens`` of room.
 
@@ -61,11 +69,9 @@ def prompt_tokens(pair, messages: Sequence[Message], settings: ChatSettings) -> 
     if settings.tools or settings.prefill or any(m.role == "tool" or m.tool_calls for m in messages):
         from .template import trimmed_tokens
 
-        system = [Message("system", settings.system_prompt)] if settings.system_prompt else []
-        turns = [m for m in messages if m.role != "system"]
+        system, turns = _system_and_turns(messages, settings)
         return trimmed_tokens(pair, system + turns, settings, prompt_room(pair, settings))
-    system = [Message("system", settings.system_prompt)] if settings.system_prompt else []
-    turns = [m for m in messages if m.role != "system"]
+    system, turns = _system_and_turns(messages, settings)
     room = prompt_room(pair, settings)
     render = _Renderer(pair.target.model, settings.special_tokens)
     # The whole conversation once: each turn costs its text's tokens and the template's before it.
