@@ -82,7 +82,6 @@ def test_cache_is_keyed_and_reused(measured, tmp_path, monkeypatch):
     pair.settings = dataclasses.replace(before, threads=7)
     try:
         assert costs.profile_key(pair)["threads"] == 7
-        assert costs.profile_key(pair)["tiled_matmul"] is False  # the engine's default (test_native_safety)
         assert costs.load_cached(pair, tmp_path) is None
     finally:
         pair.settings = before

@@ -18,12 +18,14 @@ import llama_cpp.llama_cpp as _binding
 from ..errors import EngineError
 
 _BACKEND_READY = False
-# llama.cpp's tiled K-quant matmul (ggml-cpu/tiled), which it takes for batches of 8 rows or more. Verify
-# batches are 2–33 tokens, where it is slower than the row-by-row kernel on the 2-core EPYC (AVX2 build,
-# bundled pair, target decode of 8 tokens 191–203 ms off vs 269–325 ms on, 12: 277–297 vs 323–400,
-# 16: 315–345 vs 339–415; 64 and up it wins, 128: 2.49–2.57 s off vs 2.04–2.28 s on). ggml reads the
-# switch once, at the first matmul, for the whole process: edgespec turns it off unless the user set it.
+
+# llama.cpp's tiled K-quant matmul (ggml-cpu/tiled, batches of 8 rows or more), on unless this variable is
+# 0; ggml reads it once per process. Off, the 2-core EPYC (AVX2 build, bundled pair) verified 8 tokens
+# in 191-203 ms instead of 269-325 and 16 in 315-345 instead of 339-415, prefilled 128 in 2.5 s instead
+# of 2.0-2.3 — yet served the 6-turn conversation in 103-105 s against 91-99 s on (lab/notebook.md), so
+# edgespec leaves llama.cpp's default; the cost profile records the setting.
 TILED_MATMUL = "GGML_CPU_TILED_MM"
+
 # The library that llama-cpp-python 0.3.36's ctypes declarations describe (the llama.cpp and ggml its sdist
 # vendors): ``_llama.py`` fills ``llama_batch`` and the model and context parameters through them. Another
 # libllama under the same binding (LLAMA_CPP_LIB_PATH, a library built from other sources) may lay those
@@ -58,7 +60,6 @@ def _ensure_backend() -> None:
     global _BACKEND_READY
     if not _BACKEND_READY:
         check_library(library_versions())
-        os.environ.setdefault(TILED_MATMUL, "0")
         C.llama_log_set(_SILENT_LOG, ctypes.c_void_p(0))
         C.llama_backend_init()
         _BACKEND_READY = True
@@ -113,6 +114,8 @@ def tiled_matmul() -> bool:
     """Whether llama.cpp's tiled K-quant matmul is on in this process, as ggml reads the switch once:
     non-zero is on (atoi, so a word is 0)."""
     _ensure_backend()
+    if TILED_MATMUL not in os.environ:
+        return True
     number = re.match(r"\s*[+-]?\d+", os.environ[TILED_MATMUL])
     return bool(number) and int(number.group()) != 0
 
