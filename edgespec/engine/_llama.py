@@ -182,20 +182,17 @@ class ContextSettings:
     n_batch: int = 512  # also the largest tree a single decode may hold
     n_seq_max: int = 65  # sequence ids: one per leaf of the largest tree (≤ 256)
     n_threads: int = 0  # 0 → all cores
+    flash_attn: bool | None = None  # None: llama.cpp decides (EngineSettings: off on a CPU)
 
 
 class Context:
-    """A ``kv_unified`` llama context with one reusable batch.
-
-    ``kv_unified`` is required: without it every sequence gets its own KV stream and a batch whose
-    tokens belong to several sequences (a tree) is rejected.
-    """
+    """A ``kv_unified`` llama context with one reusable batch (``kv_unified`` is required: without it every
+    sequence gets its own KV stream and a batch whose tokens belong to several sequences is rejected)."""
 
     def __init__(self, model: Model, settings: ContextSettings):
         if not 1 <= settings.n_seq_max <= LLAMA_MAX_SEQ:
             raise EngineError(f"n_seq_max must be in 1..{LLAMA_MAX_SEQ}, got {settings.n_seq_max}")
-        params = C.llama_context_default_params()
-        threads = settings.n_threads or os.cpu_count() or 1
+        params, threads = C.llama_context_default_params(), settings.n_threads or os.cpu_count() or 1
         params.n_ctx = settings.n_ctx
         params.n_batch = settings.n_batch
         params.n_ubatch = settings.n_batch  # a tree must never be split across ubatches
@@ -203,6 +200,8 @@ class Context:
         params.kv_unified = True
         params.n_threads = threads
         params.n_threads_batch = threads
+        flash = settings.flash_attn  # llama.cpp's enum: AUTO −1, DISABLED 0, ENABLED 1
+        params.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_AUTO if flash is None else int(flash)
         params.no_perf = True
         self.model = model
         self.settings = settings

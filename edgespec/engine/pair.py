@@ -33,12 +33,26 @@ class EngineSettings:
     tensor_split: tuple[float, ...] = ()  # the target's share per device (RPC ones, then here); (): by memory
     rpc_timeout: float = 120.0  # seconds a call over RPC may take before its server counts as lost
 
-    def context(self) -> ContextSettings:
+    @property
+    def target_on_cpu(self) -> bool:
+        """Every target layer on this machine's CPU: no GPU offload, no RPC server."""
+        return self.target_gpu_layers == 0 and not self.rpc
+
+    def context(self, cpu_only: bool = True) -> ContextSettings:
+        """A model's context; ``cpu_only``: every layer on this machine's CPU (no GPU, no RPC server).
+
+        Flash attention is off on a CPU: its kernel takes each query row alone against the whole cache,
+        where the unfused path multiplies a tree's rows as one matrix. On the 2-core EPYC at a 2,000-token
+        context verifying 16 tokens took 409-470 ms off vs 520-551 on (32: 727-813 vs 990-1002 ms; one
+        token and 128-400-token prefills within a few %, off the slower), and the served 6-turn
+        conversation 80.2, 84.2 s vs 88.7, 91.9 s. Off holds an n_batch × n_ctx score buffer per head
+        (~200 MB at 8,192 tokens); GPUs (and RPC servers, not measured) keep llama.cpp's choice."""
         return ContextSettings(
             n_ctx=self.n_ctx,
             n_batch=max(512, self.max_tree_nodes + 1),
             n_seq_max=min(LLAMA_MAX_SEQ, self.max_tree_nodes + 1),
             n_threads=self.threads,
+            flash_attn=False if cpu_only else None,
         )
 
 
@@ -56,20 +70,19 @@ class ModelPair:
         this exact file): a trained parallel drafter is checked against it without hashing the file."""
         self.settings = settings or EngineSettings()
         self._draft_sha256 = draft_sha256
-        ctx = self.settings.context()
         self._models: list[Model] = []
         self._adapter: LoraAdapter | None = None  # the draft's LoRA (a parallel drafter), if loaded
         self.where = ""  # where the target runs if not just here: "RPC 10.0.0.2:50052 + this machine (CPU)"
         try:
             placement = self._placement()
             target_model = self._load(target_path, self.settings.target_gpu_layers, placement)
-            self.target = Target(Context(target_model, ctx))
+            self.target = Target(Context(target_model, self.settings.context(self.settings.target_on_cpu)))
             self.draft: Draft | None = None
             if draft_path:
                 draft_model = self._load(draft_path, self.settings.draft_gpu_layers)
                 check_pairing(target_model, draft_model)
                 self.draft = Draft(
-                    Context(draft_model, ctx),
+                    Context(draft_model, self.settings.context(self.settings.draft_gpu_layers == 0)),
                     top_k=self.settings.draft_top_k,
                     vocab_limit=target_model.n_vocab,
                 )

@@ -14,9 +14,8 @@ root) is measured: the curves are not smooth. On a CPU, llama.cpp's repacked Q4_
 llamafile's tiles: on the 2-core EPYC verifying 16 tokens cost 7.1 decodes, 15 tokens 10.0 and 17
 8.4. The planners that size trees by the curves (``best_size``) pick such sizes if the profile shows them.
 Cached as JSON in ``<data home>/profiles/`` keyed by the model files (sha256 from the store's record,
-else size and mtime), the offload, the threads, the weight repacking and tiled matmul, the llama.cpp
-build and, for a target over RPC, its servers and split; ``attach`` gives it to planners.
-"""
+else size and mtime), the offload, threads, repacking, tiled matmul, flash attention, the build and,
+for a target over RPC, its servers and split; ``attach`` gives it to planners."""
 
 from __future__ import annotations
 
@@ -174,8 +173,8 @@ def llama_version() -> str:
 
 
 def profile_key(pair) -> dict:
-    """Everything the costs depend on: the two model files, offload, threads, repacking and the tiled
-    matmul, the build, and the RPC servers holding the target (only when there are some)."""
+    """What the costs depend on: model files, offload, threads, repacking, tiled matmul, flash attention,
+    the build, and the RPC servers holding the target (only when there are some)."""
     from ..engine import tiled_matmul
 
     settings = pair.settings
@@ -188,6 +187,7 @@ def profile_key(pair) -> dict:
         "threads": threads,
         "repack": settings.repack,
         "tiled_matmul": tiled_matmul(),
+        "flash_attn": settings.context(settings.target_on_cpu).flash_attn,
         "llama_cpp_python": llama_version(),
         "cpu": cpu_model(),
     }
