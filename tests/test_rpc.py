@@ -266,11 +266,12 @@ def test_the_cost_profile_of_a_target_over_rpc_has_its_own_key(tmp_path):
     far = key(rpc=("10.0.0.2:50052",), tensor_split=(1.0, 1.0))
     assert far["rpc"] == {"servers": ["10.0.0.2:50052"], "tensor_split": [1.0, 1.0]}
     assert costs.profile_path(far) != costs.profile_path(local)
-    # flash attention: off where every layer is on this CPU, llama.cpp's choice on a GPU or over RPC
+    # flash attention: off on CPUs (here and RPC servers: a split target decodes as a local one), llama.cpp's
+    # choice with GPU offload
     offloaded = key(target_gpu_layers=-1)
-    assert (local["flash_attn"], far["flash_attn"], offloaded["flash_attn"]) == (False, None, None)
+    assert (local["flash_attn"], far["flash_attn"], offloaded["flash_attn"]) == (False, False, None)
     cpu, gpu = EngineSettings(), EngineSettings(target_gpu_layers=-1)
-    assert cpu.target_on_cpu and not gpu.target_on_cpu and not EngineSettings(rpc=("h:1",)).target_on_cpu
+    assert cpu.target_on_cpu and not gpu.target_on_cpu and EngineSettings(rpc=("h:1",)).target_on_cpu
 
 
 # -- edgespec rpc-server -------------------------------------------------------------------------------------

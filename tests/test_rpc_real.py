@@ -135,6 +135,7 @@ def generate(env: dict, models, strategy: str, *extra: str) -> dict:
 
 
 STRATEGIES = ("none", "chain", "dyspec", "auto")
+NEAR_TIE = 0.25  # logits between the top two: within what another order of the same sums can move
 
 
 def test_generate_over_two_rpc_servers_gives_the_local_tokens(env, models):
@@ -149,9 +150,12 @@ def test_generate_over_two_rpc_servers_gives_the_local_tokens(env, models):
             assert len(local["tokens"]) == TOKENS
             if strategy != "none":
                 assert remote["stats"]["drafted"] > 0, f"{strategy} speculated over RPC"
-        # With nothing here (a 0 share for this machine) the servers compute every layer and the logits.
+        # With nothing here (a 0 share for this machine) the servers compute every layer and the logits:
+        # equal up to a near-tie (attention without flash attention multiplies in the servers' order:
+        # measured, the first difference at token 6, margins 0.115 here and 0.032 there).
         split = generate(env, models, "chain", "--rpc", servers, "--tensor-split", "1,1,0")
-        assert split["tokens"] == local["tokens"]
+        index = next((i for i, (a, b) in enumerate(zip(split["tokens"], local["tokens"])) if a != b), None)
+        assert index is None or max(local["margins"][index], split["margins"][index]) < NEAR_TIE
 
 
 def _stream_until_text(env, models, endpoints, *extra: str) -> subprocess.Popen:

@@ -35,18 +35,19 @@ class EngineSettings:
 
     @property
     def target_on_cpu(self) -> bool:
-        """Every target layer on this machine's CPU: no GPU offload, no RPC server."""
-        return self.target_gpu_layers == 0 and not self.rpc
+        """No target layer on a GPU here (RPC servers are taken to be CPUs, as measured: a local and a
+        split target then decode with the same kernels, token for token)."""
+        return self.target_gpu_layers == 0
 
     def context(self, cpu_only: bool = True) -> ContextSettings:
-        """A model's context; ``cpu_only``: every layer on this machine's CPU (no GPU, no RPC server).
+        """A model's context; ``cpu_only``: no layer on a GPU here.
 
         Flash attention is off on a CPU: its kernel takes each query row alone against the whole cache,
         where the unfused path multiplies a tree's rows as one matrix. On the 2-core EPYC at a 2,000-token
         context verifying 16 tokens took 409-470 ms off vs 520-551 on (32: 727-813 vs 990-1002 ms; one
         token and 128-400-token prefills within a few %, off the slower), and the served 6-turn
         conversation 80.2, 84.2 s vs 88.7, 91.9 s. Off holds an n_batch × n_ctx score buffer per head
-        (~200 MB at 8,192 tokens); GPUs (and RPC servers, not measured) keep llama.cpp's choice."""
+        (~200 MB at 8,192 tokens); GPU offload keeps llama.cpp's choice."""
         return ContextSettings(
             n_ctx=self.n_ctx,
             n_batch=max(512, self.max_tree_nodes + 1),
