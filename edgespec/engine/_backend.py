@@ -113,7 +113,6 @@ def amx_guard() -> bool:
 def tiled_matmul() -> bool:
     """Whether llama.cpp's tiled K-quant matmul is on in this process, as ggml reads the switch once:
     non-zero is on (atoi, so a word is 0)."""
-    _ensure_backend()
     if TILED_MATMUL not in os.environ:
         return True
     number = re.match(r"\s*[+-]?\d+", os.environ[TILED_MATMUL])

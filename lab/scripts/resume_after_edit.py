@@ -13,7 +13,7 @@ import sys
 from edgespec.decoding.chat import ChatSettings, Message, prompt_tokens
 from edgespec.engine.pair import EngineSettings
 from edgespec.models.pairs import open_pair, resolve_pair
-from edgespec.planner.ngram import NGramIndex
+from edgespec.planner.ngram import NGramIndex, common_prefix
 from edgespec.server.bench_client import CONVERSATION, SYSTEM
 
 ANCHOR_MATCH = 4  # a match this long marks where the answer is in its source
@@ -22,10 +22,7 @@ SKIP = 4  # the answer may resume up to SKIP − 1 source tokens later (a deleti
 
 def run_length(source: list[int], at: int, answer: list[int], i: int) -> int:
     """How many tokens answer[i:] and source[at:] agree on, at most 15."""
-    k = 0
-    while k < 15 and at + k < len(source) and i + k < len(answer) and source[at + k] == answer[i + k]:
-        k += 1
-    return k
+    return common_prefix(source[at : at + 15], answer[i : i + 15])
 
 
 answers = collections.defaultdict(list)
