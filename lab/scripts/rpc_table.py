@@ -57,7 +57,9 @@ def wait_port(port: int, seconds: float = 60) -> None:
     raise SystemExit(f"rpc-server on {port} did not start")
 
 
-def llama_run(binary: Path, target: str, draft: str, prompt: Path, spec, tokens: int, rpc: str) -> dict:
+def llama_run(
+    binary: Path, target: str, draft: str, prompt: Path, spec, tokens: int, rpc: str, flash_attn: str
+) -> dict:
     command = [
         str(binary),
         "-m",
@@ -85,6 +87,8 @@ def llama_run(binary: Path, target: str, draft: str, prompt: Path, spec, tokens:
         "1,1",
         "-ngld",
         "0",
+        "-fa",
+        flash_attn,
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
     log = done.stderr
@@ -98,7 +102,7 @@ def llama_run(binary: Path, target: str, draft: str, prompt: Path, spec, tokens:
     return {"tokens": n, "seconds": seconds, "steps": steps, "verified": steps + drafted}
 
 
-def llama_side(binary: Path, prompts, delay_ports, tokens: int, tmp: Path) -> dict:
+def llama_side(binary: Path, prompts, delay_ports, tokens: int, tmp: Path, flash_attn: str) -> dict:
     resolved = resolve_pair()
     target, draft = str(resolved.target_path), str(resolved.draft_path)
     rpc = ",".join(f"127.0.0.1:{p}" for p in delay_ports)
@@ -108,12 +112,12 @@ def llama_side(binary: Path, prompts, delay_ports, tokens: int, tmp: Path) -> di
         path = tmp / f"prompt{i}.txt"
         path.write_text(text + "\n", encoding="utf-8")  # llama.cpp strips one trailing newline from -f
         # plain, each mode, plain again: a mode's ratio is to the pooled plain runs of its prompt
-        plain = [llama_run(binary, target, draft, path, NEVER_MATCHES, tokens, rpc)]
+        plain = [llama_run(binary, target, draft, path, NEVER_MATCHES, tokens, rpc, flash_attn)]
         runs = {
-            mode: llama_run(binary, target, draft, path, spec, tokens, rpc)
+            mode: llama_run(binary, target, draft, path, spec, tokens, rpc, flash_attn)
             for mode, spec in LLAMA_MODES.items()
         }
-        plain.append(llama_run(binary, target, draft, path, NEVER_MATCHES, tokens, rpc))
+        plain.append(llama_run(binary, target, draft, path, NEVER_MATCHES, tokens, rpc, flash_attn))
         pooled = sum(p["tokens"] for p in plain) / sum(p["seconds"] for p in plain)
         for mode, run in runs.items():
             ratios[mode].append(run["tokens"] / run["seconds"] / pooled)
@@ -147,6 +151,12 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--strategies", default="chain,dyspec:16,opt-tree:16,auto")
     parser.add_argument("--skip-llama", action="store_true")
+    parser.add_argument(
+        "--llama-flash-attn",
+        default="off",
+        choices=("auto", "on", "off"),
+        help="llama.cpp's -fa (edgespec turns flash attention off where no layer is on a GPU)",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     cases = load_prompts("quick")[: args.prompts]
@@ -205,7 +215,12 @@ def main() -> int:
                     if not args.skip_llama:
                         texts = [resolve_text(c) for c in cases]
                         summary = llama_side(
-                            args.tools / "llama-speculative-simple", texts, ports, args.tokens, Path(tmp)
+                            args.tools / "llama-speculative-simple",
+                            texts,
+                            ports,
+                            args.tokens,
+                            Path(tmp),
+                            args.llama_flash_attn,
                         )
                         (args.out / f"llama-{delay}ms.json").write_text(json.dumps(summary, indent=1))
                 finally:
