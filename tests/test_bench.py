@@ -158,6 +158,8 @@ def test_paired_ratio_uses_the_plain_runs_just_before_and_after():
     pr.runs += [_run("S", 8, 1.0), _run(PLAIN, 9, 1.0)]  # a second run of S: ratios per run, geometric mean
     assert pr.ratios("S") == pytest.approx([12 / 9, 8 / 9])
     assert pr.ratio("S") == pytest.approx((12 / 9 * 8 / 9) ** 0.5)
+    # the placebo: each inner plain run against the plain runs before and after it (10, 8, 9, 9 tok/s)
+    assert pr.placebo_ratios() == pytest.approx([8 / 9.5, 9 / 8.5])
 
 
 def test_json_round_trip_and_schema(fake_bench, tmp_path):
@@ -199,10 +201,17 @@ def test_plot_writes_a_png(fake_bench, tmp_path):
 def test_report_shows_the_table_and_auto_ratio(fake_bench):
     result, _ = fake_bench
     console = Console(record=True, width=200)
-    report.print_report(_doc(summarise(result)), console)
+    doc = _doc(summarise(result))
+    report.print_report(doc, console)
     text = console.export_text()
     assert "chain:2" in text and "tsd:8" in text and "plain" in text
     assert "auto vs plain: paired tokens/s ratio median" in text
+    worst = min(p["variants"]["auto"]["ratio"] for p in doc["per_prompt"])
+    assert f"worst prompt {worst:.3f} (t/" in text
+    noise = doc["baseline"]["noise"]
+    # 2 prompts × 5 plain runs: 3 placebo ratios each
+    assert noise["per_run"]["min"] <= noise["per_prompt"]["min"] <= noise["per_prompt"]["max"]
+    assert f"per run {noise['per_run']['min']:.2f}–{noise['per_run']['max']:.2f}×" in text
 
 
 def test_compare_prints_the_differences(fake_bench, tmp_path, capsys):

@@ -5,7 +5,8 @@ Schema ``edgespec-bench/1``, one document per run:
 
     {"schema", "created", "command", "hardware": {...}, "software": {...}, "pair": {...},
      "settings": {...}, "cost_profile": {...} | null,
-     "baseline": {"strategy": "plain", "tokens_per_second", ...},
+     "baseline": {"strategy": "plain", "tokens_per_second", ...,
+                  "noise": {"per_run": {spread}, "per_prompt": {spread}}},
      "results": [{"key", "strategy", "budget", "params", "tokens_per_second", "speedup",
                   "speedup_spread": {"median", "min", "max", "p25", "p75"}, "pooled_speedup",
                   "paired_ratios", "mal", "acceptance_rate", "verified_per_step",
@@ -16,7 +17,9 @@ Schema ``edgespec-bench/1``, one document per run:
 
 ``speedup`` is the median over prompts of the paired ratio (the strategy's tokens/s ÷ the tokens/s of
 the plain runs right before and after it on the same prompt); efficiency = speedup ÷ MAL (the share
-of the ideal speedup a free draft and free verification would give).
+of the ideal speedup a free draft and free verification would give). ``noise``: plain runs paired
+against the plain runs before and after them (one strategy run apart), per run and per prompt
+(geometric mean) — the spread a strategy that changed nothing would show on this machine.
 """
 
 from __future__ import annotations

@@ -110,7 +110,33 @@ def auto_lines(doc: dict) -> list[str]:
             f"(floor {AUTO_FLOOR}); "
             f"plain steps {r['plain_step_share']:.0%}"
         )
+        worst = worst_prompt(doc, r["key"])
+        if worst and len(doc["per_prompt"]) > 1:
+            lines[-1] += f"; worst prompt {worst[1]:.3f} ({worst[0]})"
     return lines
+
+
+def worst_prompt(doc: dict, key: str) -> tuple[str, float] | None:
+    """The prompt on which the strategy ``key`` did worst (its paired ratio there, as bench reports it)."""
+    ratios = [
+        (p["prompt"], p["variants"][key]["ratio"])
+        for p in doc.get("per_prompt", [])
+        if p["variants"].get(key, {}).get("ratio") is not None
+    ]
+    return min(ratios, key=lambda item: item[1]) if ratios else None
+
+
+def noise_line(doc: dict) -> str | None:
+    """Plain decoding against itself, paired the same way: how far a ratio moves with nothing changed."""
+    noise = doc["baseline"].get("noise")
+    if not noise or noise["per_run"]["min"] is None:
+        return None
+    run, prompt = noise["per_run"], noise["per_prompt"]
+    return (
+        f"noise (each plain run ÷ the plain runs before and after it, same prompt: what a strategy that "
+        f"changed nothing scores): per run {run['min']:.2f}–{run['max']:.2f}× (IQR {run['p25']:.2f}–"
+        f"{run['p75']:.2f}), per prompt {prompt['min']:.2f}–{prompt['max']:.2f}×"
+    )
 
 
 def print_report(doc: dict, console: Console | None = None) -> None:
@@ -118,6 +144,9 @@ def print_report(doc: dict, console: Console | None = None) -> None:
     console.print(results_table(doc))
     for line in auto_lines(doc):
         console.print(line)
+    noise = noise_line(doc)
+    if noise:
+        console.print(noise, style="dim")
     prefill = doc.get("per_prompt", [])
     if prefill:
         t = sum(p["prefill_target_seconds"] for p in prefill)

@@ -91,8 +91,22 @@ class PromptResult:
 
     def ratio(self, key: str) -> float | None:
         """The strategy's paired ratio on this prompt (geometric mean over its runs)."""
-        values = self.ratios(key)
-        return float(np.exp(np.mean(np.log(values)))) if values else None
+        return _geometric_mean(self.ratios(key))
+
+    def placebo_ratios(self) -> list[float]:
+        """The machine's noise, measured as a strategy is: each plain run that has plain runs on both
+        sides (one strategy run apart) ÷ those two, pooled — what a strategy that changed nothing scores."""
+        plain = self.plain_runs()
+        out = []
+        for before, run, after in zip(plain, plain[1:], plain[2:]):
+            seconds = before.seconds + after.seconds
+            if seconds > 0 and run.seconds > 0:
+                out.append(run.tokens_per_second / ((len(before.tokens) + len(after.tokens)) / seconds))
+        return out
+
+
+def _geometric_mean(values: Sequence[float]) -> float | None:
+    return float(np.exp(np.mean(np.log(values)))) if values else None
 
 
 @dataclass
@@ -305,8 +319,18 @@ def summarise(result: BenchResult) -> dict:
                 "variants": variants,
             }
         )
+    placebo = {pr.case.name: pr.placebo_ratios() for pr in result.prompts}
+    per_prompt_placebo = [g for g in map(_geometric_mean, placebo.values()) if g is not None]
     return {
-        "baseline": {"strategy": PLAIN, **_totals(all_plain)},
+        "baseline": {
+            "strategy": PLAIN,
+            **_totals(all_plain),
+            # plain against plain, paired as a strategy is: the spread a no-op strategy would show
+            "noise": {
+                "per_run": _spread([r for ratios in placebo.values() for r in ratios]),
+                "per_prompt": _spread(per_prompt_placebo),
+            },
+        },
         "results": entries,
         "per_prompt": per_prompt,
     }
