@@ -272,6 +272,16 @@ def test_the_cost_profile_of_a_target_over_rpc_has_its_own_key(tmp_path):
     assert (local["flash_attn"], far["flash_attn"], offloaded["flash_attn"]) == (False, False, None)
     cpu, gpu = EngineSettings(), EngineSettings(target_gpu_layers=-1)
     assert cpu.target_on_cpu and not gpu.target_on_cpu and EngineSettings(rpc=("h:1",)).target_on_cpu
+    # --flash-attn on|off: that, on a CPU or a GPU, in the settings and in the key
+    for flag, value in (("auto", None), ("on", True), ("off", False)):
+        chosen = options.engine_settings(_args("--flash-attn", flag))
+        assert chosen.flash_attn is value
+    on = key(flash_attn=True)
+    assert on["flash_attn"] is True and costs.profile_path(on) != costs.profile_path(local)
+    assert EngineSettings(flash_attn=True).context(cpu_only=True).flash_attn is True
+    assert EngineSettings(flash_attn=False).context(cpu_only=False).flash_attn is False
+    with pytest.raises(SystemExit):
+        _args("--flash-attn", "yes")
 
 
 # -- edgespec rpc-server -------------------------------------------------------------------------------------

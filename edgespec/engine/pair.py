@@ -26,6 +26,7 @@ class EngineSettings:
     repack: bool = True  # llama.cpp's CPU weight repacking (faster; batch numerics differ from B=1)
     draft_top_k: int = 32  # candidates kept per draft distribution
     probe_dir: Path | None = None  # where passed backend probes are remembered (None: probe every load)
+    flash_attn: bool | None = None  # None: off where a model has no layer on a GPU, else llama.cpp's choice
 
     # llama.cpp RPC servers (HOST:PORT) holding the target's layers with this machine (engine/rpc.py);
     # None: not given (a pair's models.toml entry may name some), (): this machine only
@@ -47,13 +48,14 @@ class EngineSettings:
         context verifying 16 tokens took 409-470 ms off vs 520-551 on (32: 727-813 vs 990-1002 ms; one
         token and 128-400-token prefills within a few %, off the slower), and the served 6-turn
         conversation 80.2, 84.2 s vs 88.7, 91.9 s. Off holds an n_batch × n_ctx score buffer per head
-        (~200 MB at 8,192 tokens); GPU offload keeps llama.cpp's choice."""
+        (the 1.5B's compute buffer at 32,768 tokens: 848 MiB off, 97 MiB on; ``--flash-attn on`` where
+        memory is short); GPU offload keeps llama.cpp's choice. ``flash_attn`` set: that, everywhere."""
         return ContextSettings(
             n_ctx=self.n_ctx,
             n_batch=max(512, self.max_tree_nodes + 1),
             n_seq_max=min(LLAMA_MAX_SEQ, self.max_tree_nodes + 1),
             n_threads=self.threads,
-            flash_attn=False if cpu_only else None,
+            flash_attn=self.flash_attn if self.flash_attn is not None else (False if cpu_only else None),
         )
 
 
