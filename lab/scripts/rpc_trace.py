@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""Per-step trace of ``edgespec bench`` with the target over two local rpc-servers behind delaying
+proxies, as ``rpc_table.py`` sets them up, but on fixed ports: ``auto``'s cost profile (keyed by the
+servers' addresses) is measured by the first run and reused by the next ones.
+
+    python lab/scripts/rpc_trace.py DELAY_MS PROMPTS.jsonl [bench flags …] > trace.txt
+
+Each step: n tokens verified, acc drafts accepted, tok committed, dd draft decodes, ver/dr ms verifying/
+drafting, provenance (d draft, t target, c copy), and for ``auto`` its mode, why, r (the draft's
+calibration), bf/df (batch and draft factors) and the step's tree size.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+
+from edgespec import cli
+from edgespec.measure import runner
+from edgespec.measure.netdelay import DelayProxy
+
+SERVERS = (50162, 50163)
+PROXIES = (50172, 50173)
+
+
+def spy(generate):
+    def traced(pair, planner, request, cancel=None):
+        name = type(planner).__name__ if planner is not None else "plain"
+        print(f"--- {name}", flush=True)
+        for event in generate(pair, planner, request, cancel):
+            if event.verified_nodes:
+                provenance = "".join(t.provenance.value[0] for t in event.tokens)
+                line = (
+                    f"n={event.verified_nodes:2d} acc={event.accepted:2d} tok={len(event.tokens):2d} "
+                    f"dd={event.draft_decodes} ver={event.timings.verify * 1000:5.0f} "
+                    f"dr={event.timings.draft * 1000:4.0f} {provenance:8s}"
+                )
+                if name == "AutoPlanner":
+                    cal = planner.calibration
+                    line += (
+                        f" mode={planner.mode} why={planner.policy.why!r} r={planner.ratio:.2f} "
+                        f"bf={cal.batch_factor:.2f} df={cal.draft_factor:.2f} size={planner.size}"
+                    )
+                print(line, flush=True)
+            yield event
+
+    return traced
+
+
+def main() -> int:
+    delay, prompts, flags = float(sys.argv[1]) / 1000, sys.argv[2], sys.argv[3:]
+    command = [sys.executable, "-m", "edgespec.cli", "rpc-server", "--threads", "1", "--port"]
+    servers = [
+        subprocess.Popen([*command, str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for port in SERVERS
+    ]
+    try:
+        time.sleep(5)
+        with ExitStack() as stack:
+            for server, proxy in zip(SERVERS, PROXIES):
+                stack.enter_context(DelayProxy(("127.0.0.1", server), delay, ("127.0.0.1", proxy)))
+            runner.generate = spy(runner.generate)
+            rpc = ",".join(f"127.0.0.1:{p}" for p in PROXIES)
+            argv = ["bench", "--rpc", rpc, "--tensor-split", "1,1,1", "--threads", "1", "--prompts", prompts]
+            return cli.main(argv + flags)
+    finally:
+        for server in servers:
+            server.terminate()
+            server.wait(30)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
