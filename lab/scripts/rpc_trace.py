@@ -7,7 +7,8 @@ servers' addresses) is measured by the first run and reused by the next ones.
 
 Each step: n tokens verified, acc drafts accepted, tok committed, dd draft decodes, ver/dr ms verifying/
 drafting, provenance (d draft, t target, c copy), and for ``auto`` its mode, why, r (the draft's
-calibration), bf/df (batch and draft factors) and the step's tree size.
+calibration), bf/df (batch and draft factors), the step's tree size and the draft's top-1 probability at its
+root (when the tree holds the root's distribution).
 """
 
 from __future__ import annotations
@@ -39,9 +40,12 @@ def spy(generate):
                 )
                 if name == "AutoPlanner":
                     cal = planner.calibration
+                    root = event.tree.dists.get(0) if event.tree is not None else None
+                    top = f"{root.probs[0]:.2f}" if root is not None and root.probs.shape[0] else "-"
                     line += (
                         f" mode={planner.mode} why={planner.policy.why!r} r={planner.ratio:.2f} "
-                        f"bf={cal.batch_factor:.2f} df={cal.draft_factor:.2f} size={planner.size}"
+                        f"bf={cal.batch_factor:.2f} df={cal.draft_factor:.2f} size={planner.size} "
+                        f"root_top1={top}"
                     )
                 print(line, flush=True)
             yield event
