@@ -136,6 +136,16 @@ def first_divergence(tokens, plain_tokens, plain_margins, noise: float, label: s
     return index
 
 
+NEAR_TIE = 0.25  # logits between the top two: within what another order of the same sums can move
+
+
+def part_only_at_a_near_tie(a: dict, b: dict) -> bool:
+    """Two ``generate --json`` answers of one prompt, computed with kernels that sum in other orders:
+    their tokens are equal, or first differ where both answers' top-2 gap was under ``NEAR_TIE``."""
+    index = next((i for i, (x, y) in enumerate(zip(a["tokens"], b["tokens"])) if x != y), None)
+    return index is None or max(a["margins"][index], b["margins"][index]) < NEAR_TIE
+
+
 def compiled_and_by_levels(
     pair, make_planner, prompt: list[int], method: str, reference, sampling: SamplingParams | None = None
 ) -> list[tuple]:
