@@ -26,7 +26,11 @@ CPU = CostModel.from_functions(lambda n: C1 * n, lambda n: 0.029 * n)
 
 
 def _verified(tree: DraftTree, accepted: int, draft_seconds: float, verify_seconds: float) -> StepEvent:
-    """What the loop reports after verifying ``tree`` with ``accepted`` draft tokens taken."""
+    """What the loop reports after verifying ``tree`` with ``accepted`` draft tokens taken (down its
+    likeliest children)."""
+    path = [0]
+    for _ in range(accepted):
+        path.append(max(tree.children(path[-1]), key=lambda u: tree.draft_probs[u]))
     return StepEvent(
         tokens=(EmittedToken(1, Provenance.TARGET, 1.0),) * (accepted + 1),
         text="",
@@ -37,6 +41,7 @@ def _verified(tree: DraftTree, accepted: int, draft_seconds: float, verify_secon
         verified_nodes=tree.size,
         draft_decodes=tree.stats.draft_decodes,
         expected_accept=tree.stats.expected_accept,
+        accepted_path=tuple(path),
     )
 
 

@@ -5,11 +5,15 @@
   ratio for plain decoding — so a profile taken on a busy machine is corrected, whatever the load now.
   Over RPC a batch size the target has not decoded yet costs more once (``one_off``): trees are sized
   on curves that charge it (``sizing``).
-- **r**, the draft's calibration: tokens accepted ÷ predicted (Σ p̂ of the verified trees), decayed
-  per draft-tree step, prior 1 worth ``PRIOR_WEIGHT`` tokens. A tree's expected yield is r · Σ p̂.
-  Over RPC a step that drafted nothing counts too: the draft guessed its root's next token while the
-  target decoded (``learn_guess``).
-- **profile**: the draft's average top-j probabilities, which forecasts grow children from.
+- **r**, the draft's calibration per token: at each accepted node of a verified tree that had draft
+  children, whether one of them was the target's next token, ÷ their Σ q (the draft's probabilities
+  there); decayed per draft-tree step, prior 1 worth ``PRIOR_WEIGHT`` tokens. A node's chance is
+  then Π r·q along its path (``costmodel.calibrated``), a tree's expected yield their Σ. Over RPC a
+  step that drafted nothing counts too: the draft guessed its root's next token while the target
+  decoded (``learn_guess``). (r on a whole tree's Σ Π q instead, as before, under-rated every deep
+  node of a draft that is right more often than it says.)
+- **profile**: the draft's average top-j probabilities, which forecasts grow children from
+  (``chances``: calibrated).
 - **the pair's fit** (``DraftFit``, measured once per pair by ``edgespec.measure.fit``): where r and
   the profile start, instead of a typical draft's. Without it a forecast on a flat cost curve (the
   target behind a slow link) can say "plain" for a draft whose real top-1 is 0.8, and short answers
@@ -27,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .costmodel import CostModel
+from .costmodel import CostModel, calibrated
 from .tree import SparseDist
 
 PROFILE_LEN = 4  # children predicted per expanded node in forecasts
@@ -129,6 +133,11 @@ class Calibration:
         return self.accepted / self.predicted
 
     @property
+    def chances(self) -> np.ndarray:
+        """The profile calibrated: the chances of a node's best children (``costmodel.calibrated``)."""
+        return calibrated(self.profile, self.ratio)
+
+    @property
     def par_ratio(self) -> float:
         return self.par_accepted / self.par_predicted
 
@@ -169,12 +178,16 @@ class Calibration:
             self._apply_factors()
 
     def learn_tree(self, event) -> None:
-        """A level-by-level draft tree: r, and the draft's top-j profile from its distributions."""
-        if event.drafted > 0:
-            self.accepted = DECAY * self.accepted + event.accepted
-            self.predicted = DECAY * self.predicted + event.expected_accept
+        """A level-by-level draft tree: r from its trials (``trials``), and the draft's top-j profile
+        from its distributions."""
         tree = event.tree
-        if tree is not None and tree.dists:
+        if tree is None:
+            return
+        hits, predicted = trials(tree, event.accepted_path)
+        if predicted > 0:
+            self.accepted = DECAY * self.accepted + hits
+            self.predicted = DECAY * self.predicted + predicted
+        if tree.dists:
             self._learn_profile(list(tree.dists.values()))
         self.epoch += 1
 
@@ -205,6 +218,19 @@ class Calibration:
         self.par_expected = _ema(self.par_expected, event.expected_accept, 0.2)
         self.par_size = _ema(self.par_size or None, event.drafted, 0.2)
         self.epoch += 1
+
+
+def trials(tree, path) -> tuple[int, float]:
+    """A verified tree's evidence on r, per token: at each node of the accepted ``path`` (root first)
+    with children the draft proposed, one trial — a hit when the path goes on through one of them —
+    predicted by their Σ q. (Copies' children are the copies' evidence, ``auto_copies``.)"""
+    hits, predicted = 0, 0.0
+    for i, node in enumerate(path):
+        kids = [u for u in tree.children(node) if not tree.copied_flags[u]]
+        if kids:
+            predicted += sum(tree.draft_probs[u] for u in kids)
+            hits += i + 1 < len(path) and path[i + 1] in kids
+    return hits, predicted
 
 
 def _ema(old: float | None, new: float, alpha: float) -> float:

@@ -3,9 +3,10 @@ forecasts, overruled by the guard (``auto_guard``) where speculation has been lo
 
 A step's forecast rate is its expected tokens per second,
 
-    rate = (1 + r · E) / (drafting + c_t(m + 1) + overhead),     plain decoding: 1 / c_t(1),
+    rate = (1 + E) / (drafting + c_t(m + 1) + overhead),     plain decoding: 1 / c_t(1),
 
-E the tree's Σ p̂ and r the draft's calibration (``auto_calibration``).
+E the tree's Σ p̂, each p̂ the product of r · q along its path: q the draft's probabilities, r its
+calibration per token (``auto_calibration``, ``costmodel.calibrated``).
 
 1. **Could speculation ever pay?** With every draft token accepted, the best a step can do is a
    chain of n: (1 + n) / (catch-up(1) + (n − 1) · d(1) + c_t(n + 1)) (``costmodel.ceiling``; one-pass
@@ -79,7 +80,7 @@ class Policy:
         if self._free is None or self._free[0] != cal.epoch:
             c = cal.effective
             free = CostModel(c.target, 0 * c.draft, 0 * c.catchup, c.overhead, c.look_ahead)
-            f = simulate(0.0, cal.ratio, free, self.budget, cal.profile, self.max_depth)
+            f = simulate(0.0, 1.0, free, self.budget, cal.chances, self.max_depth)
             self._free = cal.epoch, f.m > 0 and f.rate > (1 + MARGIN) / cal.plain_decode
         return self._free[1]
 
@@ -114,10 +115,10 @@ class Policy:
             return PLAIN  # nothing could beat plain decoding here, even if every draft token were accepted
         if self._forecast is None or self._forecast[0] != cal.epoch:
             seconds = float(costs.k(1))
-            self._forecast = cal.epoch, simulate(seconds, cal.ratio, costs, cap, cal.profile, self.max_depth)
+            self._forecast = cal.epoch, simulate(seconds, 1.0, costs, cap, cal.chances, self.max_depth)
         f = self._forecast[1]
         catchup = float(costs.k(max(pending, 1)) - costs.k(1)) / HORIZON
-        self.forecast_rate = (1.0 + cal.ratio * f.expected) / (f.seconds + catchup)
+        self.forecast_rate = (1.0 + f.expected) / (f.seconds + catchup)
         rival = max(plain_rate * (1 + MARGIN), self.forecast_rate)
         if self.masks and (parallel := self._parallel_rate(pending, cap)) > rival:
             self.forecast_rate = parallel

@@ -3,11 +3,12 @@ sized for the best expected rate of its step under auto's curves (``auto_calibra
 
 **Level by level** (``level_tree``): the best-first growth OPT-Tree and ``hybrid`` share
 (``growth.grow``), with auto's policy ``AutoGrowth``. Candidates are each expanded node's
-``CHILDREN_KEPT`` likeliest tokens. After each level, ``costmodel.deepen`` forecasts whether one
-more level — its w best expandable candidates by p̂, their children predicted from the step's
-distributions so far — beats stopping now: the rate
+``CHILDREN_KEPT`` likeliest tokens; auto ranks them by their calibrated p̂, the product of r·q along
+the path (``costmodel.calibrated``: r per token, not on the whole product). After each level,
+``costmodel.deepen`` forecasts whether one more level — its w best expandable candidates, their
+children predicted from the step's distributions so far — beats stopping now: the rate
 
-    (1 + r · E) / (drafting so far + d(w) + c_t(m + 1) + overhead)
+    (1 + E) / (drafting so far + d(w) + c_t(m + 1) + overhead),   E = Σ calibrated p̂
 
 of the best final size m after it, against the best m now. So a jump in c_t (CUDA's 8 → 9 tokens)
 is crossed only when the extra E pays for it. Finally every expanded node is kept, with the
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .costmodel import CostModel, best_size, deepen, expandable_within
+from .costmodel import CostModel, best_size, calibrated, deepen, expandable_within
 from .growth import Growth, admit_top, grow
 from .ngram import Copier, CopyTrie
 from .parallel import grow as grow_one_pass
@@ -52,19 +53,27 @@ class AutoGrowth:
     spent: float  # seconds of drafting so far (from the draft's catch-up on)
     tops: np.ndarray = field(default_factory=lambda: np.zeros(PROFILE_LEN))  # Σ top-j of this step's rows
     known: Callable[[Sequence[int]], bool] = lambda path: False  # ``Drafter.known``: decoded already
+    phat: dict[int, float] = field(default_factory=lambda: {0: 1.0})  # work node → calibrated p̂
 
     def admit(self, growth: Growth, nodes: list[int], dists: list[SparseDist]) -> None:
         for dist in dists:
             k = min(PROFILE_LEN, dist.probs.shape[0])
             self.tops[:k] += dist.probs[:k]
         admit_top(growth, nodes, dists, CHILDREN_KEPT)
+        for node in nodes:  # p̂(child) = p̂(node) · calibrated q, siblings in rank order
+            kids = list(growth.kids.get(node, {}).values())
+            chances = calibrated(np.array([growth.tree.draft_prob[u] for u in kids]), self.ratio)
+            for kid, chance in zip(kids, chances.tolist()):
+                self.phat[kid] = self.phat[node] * chance
 
     def _pool(self, growth: Growth) -> tuple[list[int], np.ndarray, float, int]:
-        """The candidates by p̂, their p̂, and the expanded nodes' Σ p̂ and count (the forced part)."""
-        candidates = growth.candidates()
-        pool = np.array([growth.tree.path_prob[u] for u in candidates], dtype=np.float64)
+        """The candidates by calibrated p̂ (ties: the older), their p̂, and the expanded nodes' Σ p̂
+        and count (the forced part)."""
+        phat = self.phat
+        candidates = sorted((u for u in phat if u not in growth.expanded), key=lambda u: (-phat[u], u))
+        pool = np.array([phat[u] for u in candidates], dtype=np.float64)
         forced = [u for u in growth.expanded if u != 0]
-        return candidates, pool, growth.expected(forced), len(forced)
+        return candidates, pool, float(sum(phat[u] for u in forced)), len(forced)
 
     def next_level(self, growth: Growth) -> list[int]:
         if not growth.levels:
@@ -77,8 +86,8 @@ class AutoGrowth:
         # Children not drafted yet look like this step's distributions so far (the running profile
         # weighs in as STEP_PRIOR nodes): a confident chain is expected to stay confident.
         profile = (STEP_PRIOR * self.prior + self.tops) / (STEP_PRIOR + sum(growth.levels))
-        spent, ratio, costs = self.spent, self.ratio, self.costs
-        w, _ = deepen(forced_e, forced_n, pool, expandable, spent, ratio, costs, self.cap, profile)
+        chances = calibrated(profile, self.ratio)  # p̂ is calibrated already: the rates take r = 1
+        w, _ = deepen(forced_e, forced_n, pool, expandable, self.spent, 1.0, self.costs, self.cap, chances)
         if w == 0:
             return []
         self.spent += float(self.costs.d(w))
@@ -92,12 +101,12 @@ class AutoGrowth:
             return False
         if not self.known(growth.tree.path_tokens(candidates[0])):
             return False
-        return best_size(forced_e, forced_n, pool, self.spent, self.ratio, self.costs, self.cap).m > forced_n
+        return best_size(forced_e, forced_n, pool, self.spent, 1.0, self.costs, self.cap).m > forced_n
 
     def keep(self, growth: Growth) -> list[int]:
         """Every expanded node, and the candidates of largest p̂ for the best expected rate."""
         candidates, pool, forced_e, forced_n = self._pool(growth)
-        final = best_size(forced_e, forced_n, pool, self.spent, self.ratio, self.costs, self.cap)
+        final = best_size(forced_e, forced_n, pool, self.spent, 1.0, self.costs, self.cap)
         return sorted([u for u in growth.expanded if u != 0] + candidates[: final.m - forced_n])
 
 
@@ -110,7 +119,7 @@ def level_tree(
     tree = TreeBuilder(root_token)
     growth.copy_into(keep, tree)
     if tree.size > 1 and trie.size > 1:  # the hybrid: copies as likely as the least likely node
-        graft = trie.best(policy.cap - (tree.size - 1), min(tree.path_prob[1:]))
+        graft = trie.best(policy.cap - (tree.size - 1), min(policy.phat[u] for u in keep))
         copier.grow(tree, trie, graft, {0: 0})
     stats = PlanStats(
         draft_decodes=len(growth.levels),
