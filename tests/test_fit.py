@@ -71,10 +71,11 @@ def test_the_fit_is_cached_per_pair_and_attached_to_auto(pair, tmp_path, monkeyp
     assert calls == [1] and len(list((tmp_path / "profiles").glob("fit-*.json"))) == 1
     measured = fit.load_fit(pair, tmp_path)
     assert measured is not None and planner.calibration.profile.tolist() == measured.profile.tolist()
-    assert planner.ratio == pytest.approx(measured.ratio)
+    top1, right = measured.profile[0], measured.ratio * measured.profile[0]  # the fit's top-1, right
+    assert planner.acceptance.chance(top1) == pytest.approx(min(right, 0.99))  # where the curve starts
     again = AutoPlanner()
     costs.attach(again, pair, home=tmp_path)  # both cached now: nothing measured
-    assert calls == [1] and again.ratio == pytest.approx(measured.ratio)
+    assert calls == [1] and again.acceptance.chance(top1) == pytest.approx(min(right, 0.99))
     # Another thread count is another cost profile, but the same fit (it depends on the model files).
     before = pair.settings
     pair.settings = dataclasses.replace(before, threads=7)
@@ -164,10 +165,10 @@ def test_a_target_that_ends_every_request_at_once_leaves_auto_its_prior(tmp_path
 
 
 
-def test_over_rpc_plain_steps_keep_r_current_from_the_drafts_free_guesses():
+def test_over_rpc_plain_steps_keep_the_curve_current_from_the_drafts_free_guesses():
     """Over RPC a step that drafted nothing still has the draft's guess at its root (decoded while the
-    target decoded): auto counts it as a one-token tree — r rises while the guesses are right and falls
-    while they are wrong, without a probe — until the forecast says drafting pays."""
+    target decoded): auto counts it as a one-token tree — the acceptance curve rises while the guesses
+    are right and falls while they are wrong, without a probe — until the forecast says drafting pays."""
     from edgespec.decoding.events import EmittedToken, Provenance, StepEvent, StepTimings
     from edgespec.planner.tree import TreeBuilder
 
@@ -187,7 +188,7 @@ def test_over_rpc_plain_steps_keep_r_current_from_the_drafts_free_guesses():
         return planner
 
     right, wrong = plain_steps(True), plain_steps(False)
-    assert right.ratio > 1.3 and wrong.ratio < 0.3
+    assert right.acceptance.chance(0.6) > 0.78 and wrong.acceptance.chance(0.6) < 0.18  # it started at 0.36
     assert _first_step(right, q=0.6) == SPECULATE
 
 

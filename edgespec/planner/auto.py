@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import params
+from .auto_acceptance import Acceptance
 from .auto_calibration import Calibration, DraftFit
 from .auto_copies import CopySteps
 from .auto_guard import CATCH_UP_FREE, Guards
@@ -96,13 +97,13 @@ class AutoPlanner(Planner):
         self.calibration.use_costs(costs)
 
     def use_fit(self, fit: DraftFit) -> None:
-        """The pair's measured fit: where r and the draft's profile start (``auto_calibration``)."""
+        """The pair's measured fit: where the acceptance curve and the draft's profile start."""
         self.calibration.use_fit(fit)
 
     @property
-    def ratio(self) -> float:
-        """r: the draft's calibration (accepted ÷ predicted)."""
-        return self.calibration.ratio
+    def acceptance(self) -> Acceptance:
+        """The chance a draft guess is right, by the probability the draft gave it."""
+        return self.calibration.acceptance
 
     @property
     def activity(self) -> str:
@@ -121,7 +122,8 @@ class AutoPlanner(Planner):
             return now  # nothing else to tell: plain decoding for good
         drafted = sum(self.steps[mode] for mode in DRAFTING) / total
         return (
-            f"{now} (budget≤{self.budget}, r={self.ratio:.2f}, speculated {drafted:.0%}, "
+            f"{now} (budget≤{self.budget}, a 50 % guess right {self.acceptance.chance(0.5):.0%}, "
+            f"speculated {drafted:.0%}, "
             f"copied {self.steps[COPY] / total:.0%} of steps)"
         )
 
@@ -177,12 +179,14 @@ class AutoPlanner(Planner):
             )
         else:  # a probe is optimistic: it drafts what would pay if the draft were good, and sees
             probe = self.mode == PROBE
-            ratio = max(cal.ratio, 1.0) if probe else cal.ratio
             prior = np.maximum(cal.profile, PROBE_PROFILE) if probe else cal.profile
+            curve = cal.acceptance
+            if probe and curve.chance(float(prior[0])) < float(prior[0]):
+                curve = Acceptance()  # the draft as good as it says, at least
             # the draft's catch-up and root, unless its look-ahead decoded the root already
             spent = 0.0 if drafter.known((root_token,)) else float(costs.k(pending))
             growth = AutoGrowth(
-                cal.sizing(ctx.warm), ratio, prior, cap, self.max_depth, spent, known=drafter.known
+                cal.sizing(ctx.warm), curve, prior, cap, self.max_depth, spent, known=drafter.known
             )
             tree, spent = level_tree(root_token, drafter, growth, trie, self.copier), growth.spent
         # as profiled: what learn_costs compares with. What the look-ahead decoded is not in it (those

@@ -5,15 +5,12 @@
   ratio for plain decoding — so a profile taken on a busy machine is corrected, whatever the load now.
   Over RPC a batch size the target has not decoded yet costs more once (``one_off``): trees are sized
   on curves that charge it (``sizing``).
-- **r**, the draft's calibration per token: at each accepted node of a verified tree that had draft
-  children, whether one of them was the target's next token, ÷ their Σ q (the draft's probabilities
-  there); decayed per draft-tree step, prior 1 worth ``PRIOR_WEIGHT`` tokens. A node's chance is
-  then Π r·q along its path (``costmodel.calibrated``), a tree's expected yield their Σ. Over RPC a
-  step that drafted nothing counts too: the draft guessed its root's next token while the target
-  decoded (``learn_guess``). (r on a whole tree's Σ Π q instead, as before, under-rated every deep
-  node of a draft that is right more often than it says.)
+- **the acceptance curve** (``auto_acceptance``): the chance the draft's guess is the target's token
+  as a function of its probability q, learnt from the verified trees' trials. A node's chance is the
+  product of its path's; a tree's expected yield their Σ. Over RPC a step that drafted nothing counts
+  too: the draft guessed its root's next token while the target decoded (``learn_guess``).
 - **profile**: the draft's average top-j probabilities, which forecasts grow children from
-  (``chances``: calibrated).
+  (``chances``: through the curve).
 - **the pair's fit** (``DraftFit``, measured once per pair by ``edgespec.measure.fit``): where r and
   the profile start, instead of a typical draft's. Without it a forecast on a flat cost curve (the
   target behind a slow link) can say "plain" for a draft whose real top-1 is 0.8, and short answers
@@ -31,14 +28,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .costmodel import CostModel, calibrated
+from .auto_acceptance import Acceptance, trials
+from .costmodel import CostModel
 from .tree import SparseDist
 
 PROFILE_LEN = 4  # children predicted per expanded node in forecasts
 PRIOR_PROFILE = np.array([0.6, 0.12, 0.05, 0.03])  # a typical draft's top-j probabilities
-PRIOR_WEIGHT = 4.0  # the priors count as this many observed nodes / predicted tokens
+PRIOR_WEIGHT = 4.0  # the one-pass trees' prior r counts as this many predicted tokens
 PROFILE_MEMORY = 8.0  # the running profile weighs as this many nodes against a step's new ones
-DECAY = 0.97  # per observed draft-tree step: older steps fade
+DECAY = 0.97  # per observed one-pass step: older steps fade
 FACTOR_RANGE = (0.25, 8.0)  # learned cost factors stay within this range
 ONE_OFF_SHARE = 4  # over RPC a tree size not decoded yet costs its one-off ÷ this (``sizing``)
 LOOK_AHEAD_CHAIN = 4  # the chain the look-ahead's prior assumes (``Calibration._look_ahead_prior``)
@@ -59,8 +57,7 @@ class DraftFit:
 class Calibration:
     costs: CostModel | None = None  # the pair's profile (None: not measured yet → plain decoding)
     effective: CostModel | None = None  # the profile with the learned factors applied
-    accepted: float = PRIOR_WEIGHT  # decayed Σ accepted draft tokens
-    predicted: float = PRIOR_WEIGHT  # decayed Σ p̂ of the verified trees
+    acceptance: Acceptance = field(default_factory=Acceptance)  # the chance a guess is right, by its q
     profile: np.ndarray = field(default_factory=lambda: PRIOR_PROFILE.copy())
     batch_factor: float = 1.0  # measured ÷ profiled verify of n ≥ 2 tokens, over plain decoding's
     draft_factor: float = 1.0  # measured ÷ profiled drafting, over plain decoding's
@@ -83,8 +80,9 @@ class Calibration:
         self._look_ahead_prior()
 
     def use_fit(self, fit: DraftFit) -> None:
-        """Start r and the profile from the pair's measured fit (weighted as the priors were)."""
-        self.accepted, self.predicted = PRIOR_WEIGHT * fit.ratio, PRIOR_WEIGHT
+        """Start the acceptance curve and the profile from the pair's measured fit."""
+        top1 = float(fit.profile[0])
+        self.acceptance = Acceptance.from_rate(top1, fit.ratio * top1)
         self.profile = np.asarray(fit.profile, dtype=np.float64).copy()
         self.chain_hit = fit.runs[LOOK_AHEAD_CHAIN] if len(fit.runs) > LOOK_AHEAD_CHAIN else None
         self.epoch += 1
@@ -95,14 +93,14 @@ class Calibration:
         drafting is done already when the target accepted the last tree's likeliest path and then
         wrote the draft's top-1 token: for a chain of n, when the draft's top-1 was right n + 1 times
         in a row — as often as the pair's fit saw that (``DraftFit.runs``; without it α^(n + 1) at a
-        per-token acceptance α = r · p₁, which misses that right guesses come in runs). Until steps
+        per-token acceptance α = chance(p₁), which misses that right guesses come in runs). Until steps
         have measured it, the drafting factor is what is left on average, 1 − P(hit) with n =
         ``LOOK_AHEAD_CHAIN`` (the steps then correct it)."""
         if self.costs is None or not self.costs.look_ahead or self._drafting_measured:
             return
         hit = self.chain_hit
         if hit is None:
-            hit = min(1.0, self.ratio * float(self.profile[0])) ** (LOOK_AHEAD_CHAIN + 1)
+            hit = self.acceptance.chance(float(self.profile[0])) ** (LOOK_AHEAD_CHAIN + 1)
         self.draft_factor = float(np.clip(1.0 - hit, *FACTOR_RANGE))
         self._apply_factors()
 
@@ -128,14 +126,9 @@ class Calibration:
         return float(self.costs.target[0])
 
     @property
-    def ratio(self) -> float:
-        """r: accepted ÷ predicted over recent draft trees (prior 1)."""
-        return self.accepted / self.predicted
-
-    @property
     def chances(self) -> np.ndarray:
-        """The profile calibrated: the chances of a node's best children (``costmodel.calibrated``)."""
-        return calibrated(self.profile, self.ratio)
+        """The profile through the acceptance curve: the chances of a node's best children."""
+        return self.acceptance.chances(self.profile)
 
     @property
     def par_ratio(self) -> float:
@@ -178,15 +171,12 @@ class Calibration:
             self._apply_factors()
 
     def learn_tree(self, event) -> None:
-        """A level-by-level draft tree: r from its trials (``trials``), and the draft's top-j profile
-        from its distributions."""
+        """A level-by-level draft tree: the acceptance curve from its trials, and the draft's top-j
+        profile from its distributions."""
         tree = event.tree
         if tree is None:
             return
-        hits, predicted = trials(tree, event.accepted_path)
-        if predicted > 0:
-            self.accepted = DECAY * self.accepted + hits
-            self.predicted = DECAY * self.predicted + predicted
+        self.acceptance.learn(trials(tree, event.accepted_path))
         if tree.dists:
             self._learn_profile(list(tree.dists.values()))
         self.epoch += 1
@@ -203,11 +193,10 @@ class Calibration:
     def learn_guess(self, guess: SparseDist, token: int) -> None:
         """A step that drafted nothing, over RPC: the draft's distribution at its root, decoded while
         the target decoded, against the token the target wrote there — a one-token tree that cost
-        nothing, so r and the profile stay current while auto decodes plainly (no probe needed)."""
+        nothing, so the curve and the profile stay current while auto decodes plainly (no probe)."""
         if guess.ids.shape[0] == 0:
             return
-        self.accepted = DECAY * self.accepted + float(int(guess.ids[0]) == token)
-        self.predicted = DECAY * self.predicted + float(guess.probs[0])
+        self.acceptance.learn([(float(guess.probs[0]), int(guess.ids[0]) == token)])
         self._learn_profile([guess])
         self.epoch += 1
 
@@ -218,19 +207,6 @@ class Calibration:
         self.par_expected = _ema(self.par_expected, event.expected_accept, 0.2)
         self.par_size = _ema(self.par_size or None, event.drafted, 0.2)
         self.epoch += 1
-
-
-def trials(tree, path) -> tuple[int, float]:
-    """A verified tree's evidence on r, per token: at each node of the accepted ``path`` (root first)
-    with children the draft proposed, one trial — a hit when the path goes on through one of them —
-    predicted by their Σ q. (Copies' children are the copies' evidence, ``auto_copies``.)"""
-    hits, predicted = 0, 0.0
-    for i, node in enumerate(path):
-        kids = [u for u in tree.children(node) if not tree.copied_flags[u]]
-        if kids:
-            predicted += sum(tree.draft_probs[u] for u in kids)
-            hits += i + 1 < len(path) and path[i + 1] in kids
-    return hits, predicted
 
 
 def _ema(old: float | None, new: float, alpha: float) -> float:

@@ -5,19 +5,19 @@ A step's forecast rate is its expected tokens per second,
 
     rate = (1 + E) / (drafting + c_t(m + 1) + overhead),     plain decoding: 1 / c_t(1),
 
-E the tree's Σ p̂, each p̂ the product of r · q along its path: q the draft's probabilities, r its
-calibration per token (``auto_calibration``, ``costmodel.calibrated``).
+E the tree's Σ p̂, each p̂ the product along its path of the chance that each token is right, given
+the probability q the draft gave it (``auto_acceptance``).
 
 1. **Could speculation ever pay?** With every draft token accepted, the best a step can do is a
    chain of n: (1 + n) / (catch-up(1) + (n − 1) · d(1) + c_t(n + 1)) (``costmodel.ceiling``; one-pass
    trees: ``parallel_ceiling``). When no n beats plain decoding (a compute-bound CPU, where c_t(n) ≈
    n · c_t(1)), auto never drafts: only copies, which cost no drafting, may still pay.
 2. **Forecast.** Otherwise a step's growth is simulated on the draft's average distribution with the
-   measured r (``costmodel.simulate``); the draft's catch-up on tokens it has not seen (one batched
+   acceptance curve (``costmodel.simulate``); the draft's catch-up on tokens it has not seen (one batched
    decode after plain steps) is spread over ``HORIZON`` steps. Draft when the forecast beats plain
    decoding by ``MARGIN``; ``PARALLEL`` when a one-pass tree's forecast beats both.
 3. **Probes.** When the forecast says plain but step 1 says speculation could pay, auto still
-   drafts now and then so that r stays fresh — when a probe's worst-case loss fits the probe credit,
+   drafts now and then so that the curve stays fresh — when a probe's worst-case loss fits the probe credit,
    which grows by ``probe_budget`` × every step's time within the answer (an answer starts with no
    credit, only the debts of earlier probes: credit carried over from earlier answers spent itself
    on one 48-token answer's first steps, 11 % of its time on the Xeon; short answers now never probe).

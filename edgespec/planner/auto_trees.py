@@ -3,12 +3,12 @@ sized for the best expected rate of its step under auto's curves (``auto_calibra
 
 **Level by level** (``level_tree``): the best-first growth OPT-Tree and ``hybrid`` share
 (``growth.grow``), with auto's policy ``AutoGrowth``. Candidates are each expanded node's
-``CHILDREN_KEPT`` likeliest tokens; auto ranks them by their calibrated p̂, the product of r·q along
-the path (``costmodel.calibrated``: r per token, not on the whole product). After each level,
+``CHILDREN_KEPT`` likeliest tokens; auto ranks them by their p̂, the product along the path of the
+chance each token is right given its draft probability q (``auto_acceptance``). After each level,
 ``costmodel.deepen`` forecasts whether one more level — its w best expandable candidates, their
 children predicted from the step's distributions so far — beats stopping now: the rate
 
-    (1 + E) / (drafting so far + d(w) + c_t(m + 1) + overhead),   E = Σ calibrated p̂
+    (1 + E) / (drafting so far + d(w) + c_t(m + 1) + overhead),   E = Σ p̂
 
 of the best final size m after it, against the best m now. So a jump in c_t (CUDA's 8 → 9 tokens)
 is crossed only when the extra E pays for it. Finally every expanded node is kept, with the
@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .costmodel import CostModel, best_size, calibrated, deepen, expandable_within
+from .auto_acceptance import Acceptance
+from .costmodel import CostModel, best_size, deepen, expandable_within
 from .growth import Growth, admit_top, grow
 from .ngram import Copier, CopyTrie
 from .parallel import grow as grow_one_pass
@@ -46,29 +47,29 @@ class AutoGrowth:
     """auto's growth policy: deepen while the forecast says one more level pays."""
 
     costs: CostModel  # the curves, the learned factors applied
-    ratio: float  # r: the draft's calibration (a probe's: at least 1)
+    acceptance: Acceptance  # the chance a guess is right, by its q (a probe's: at least q)
     prior: np.ndarray  # the draft's running top-j profile (a probe's: optimistic)
     cap: int  # most draft tokens
     max_depth: int
     spent: float  # seconds of drafting so far (from the draft's catch-up on)
     tops: np.ndarray = field(default_factory=lambda: np.zeros(PROFILE_LEN))  # Σ top-j of this step's rows
     known: Callable[[Sequence[int]], bool] = lambda path: False  # ``Drafter.known``: decoded already
-    phat: dict[int, float] = field(default_factory=lambda: {0: 1.0})  # work node → calibrated p̂
+    phat: dict[int, float] = field(default_factory=lambda: {0: 1.0})  # work node → p̂ (through the curve)
 
     def admit(self, growth: Growth, nodes: list[int], dists: list[SparseDist]) -> None:
         for dist in dists:
             k = min(PROFILE_LEN, dist.probs.shape[0])
             self.tops[:k] += dist.probs[:k]
         admit_top(growth, nodes, dists, CHILDREN_KEPT)
-        for node in nodes:  # p̂(child) = p̂(node) · calibrated q, siblings in rank order
+        for node in nodes:  # p̂(child) = p̂(node) · chance(q), siblings in rank order
             kids = list(growth.kids.get(node, {}).values())
-            chances = calibrated(np.array([growth.tree.draft_prob[u] for u in kids]), self.ratio)
+            chances = self.acceptance.chances([growth.tree.draft_prob[u] for u in kids])
             for kid, chance in zip(kids, chances.tolist()):
                 self.phat[kid] = self.phat[node] * chance
 
     def _pool(self, growth: Growth) -> tuple[list[int], np.ndarray, float, int]:
-        """The candidates by calibrated p̂ (ties: the older), their p̂, and the expanded nodes' Σ p̂
-        and count (the forced part)."""
+        """The candidates by p̂ (ties: the older), their p̂, and the expanded nodes' Σ p̂ and count
+        (the forced part)."""
         phat = self.phat
         candidates = sorted((u for u in phat if u not in growth.expanded), key=lambda u: (-phat[u], u))
         pool = np.array([phat[u] for u in candidates], dtype=np.float64)
@@ -86,7 +87,7 @@ class AutoGrowth:
         # Children not drafted yet look like this step's distributions so far (the running profile
         # weighs in as STEP_PRIOR nodes): a confident chain is expected to stay confident.
         profile = (STEP_PRIOR * self.prior + self.tops) / (STEP_PRIOR + sum(growth.levels))
-        chances = calibrated(profile, self.ratio)  # p̂ is calibrated already: the rates take r = 1
+        chances = self.acceptance.chances(profile)  # p̂ are chances already: the rates take r = 1
         w, _ = deepen(forced_e, forced_n, pool, expandable, self.spent, 1.0, self.costs, self.cap, chances)
         if w == 0:
             return []

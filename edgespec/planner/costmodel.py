@@ -16,8 +16,8 @@ cost by batch size (root included). Plain decoding is the tree with only the roo
   level ahead never sees past a jump in c_t.
 - ``simulate``: a whole step's growth on the average distribution — the forecast.
 - ``ceiling``: the best rate any tree could reach with every draft token accepted.
-- ``calibrated``: the draft's calibration r applied token by token (``auto``'s level trees): their
-  p̂ = Π of calibrated conditionals, and they pass r = 1 to the rates above.
+
+``auto``'s level trees pass p̂ already calibrated token by token (``auto_acceptance``) and r = 1.
 
 Pure numpy: the cost curves arrive as data (``edgespec.measure.costs`` measures them).
 """
@@ -239,19 +239,6 @@ def simulate(
         depth = np.concatenate((depth[keep], child_depth))
         order = np.argsort(-pool, kind="stable")
         pool, depth = pool[order], depth[order]
-
-
-def calibrated(q: np.ndarray, r: float) -> np.ndarray:
-    """The chances that each of a node's children is the target's next token, its draft probabilities
-    q given best first: r · q each, the draft's calibration r (accepted ÷ predicted, per token) applied
-    to every token's conditional, so a path of q's has p̂ = Π r·q and not r · Π q — which, for a draft
-    that is right more often than it says (r > 1), shrinks deep nodes by r^(depth − 1) too much (traced
-    over RPC at 50 ms: q ≈ 0.45, r ≈ 1.45, the chain accepted depth 1 in 8 of 8 steps where r · Π q
-    said 0.65, depths 2–4 in 5 of 8 where it said 0.29, 0.13, 0.06). Capped so that the siblings'
-    chances sum to at most 1 (one of them at most is the target's token): min(r·q_j, 1 − Σ_{i<j})."""
-    scaled = r * np.asarray(q, dtype=np.float64)
-    before = np.cumsum(scaled) - scaled  # Σ of the better siblings' r·q (past 1 the rest get 0 anyway)
-    return np.clip(np.minimum(scaled, 1.0 - before), 0.0, None)
 
 
 def ceiling(costs: CostModel, cap: int) -> float:

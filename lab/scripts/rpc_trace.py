@@ -6,9 +6,9 @@ servers' addresses) is measured by the first run and reused by the next ones.
     python lab/scripts/rpc_trace.py DELAY_MS PROMPTS.jsonl [bench flags …] > trace.txt
 
 Each step: n tokens verified, acc drafts accepted, tok committed, dd draft decodes, ver/dr ms verifying/
-drafting, provenance (d draft, t target, c copy), and for ``auto`` its mode, why, r (the draft's
-calibration), bf/df (batch and draft factors), the step's tree size and the draft's top-1 probability at its
-root (when the tree holds the root's distribution).
+drafting, provenance (d draft, t target, c copy), and for ``auto`` its mode, why, a and b (the draft's
+acceptance curve, ``auto_acceptance``), bf/df (batch and draft factors), the step's tree size and the
+draft's top-1 probability at its root (when the tree holds the root's distribution).
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ def spy(generate):
                     root = event.tree.dists.get(0) if event.tree is not None else None
                     top = f"{root.probs[0]:.2f}" if root is not None and root.probs.shape[0] else "-"
                     line += (
-                        f" mode={planner.mode} why={planner.policy.why!r} r={planner.ratio:.2f} "
+                        f" mode={planner.mode} why={planner.policy.why!r} "
+                        f"a={planner.acceptance.a:.2f} b={planner.acceptance.b:.2f} "
                         f"bf={cal.batch_factor:.2f} df={cal.draft_factor:.2f} size={planner.size} "
                         f"root_top1={top}"
                     )
