@@ -320,10 +320,12 @@ def test_13_ctrl_c_while_the_bundled_pair_loads():
 
     bundled_paths()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    # an answer far longer than 1.4 s: with the models in the page cache the pair loads in under a second,
+    # and "Say hi" was answered in full before the second signal (exit 0)
     for delay in (0.6, 1.4):
         proc = subprocess.Popen(
-            [sys.executable, "-m", "edgespec", "generate", "Say hi", "--strategy", "chain", "--ctx", "512",
-             "--max-tokens", "200"],
+            [sys.executable, "-m", "edgespec", "generate", "Count from 1 to 300, one number a line.",
+             "--strategy", "chain", "--ctx", "2048", "--max-tokens", "400"],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
         )  # fmt: skip
         time.sleep(delay)
