@@ -9,10 +9,14 @@ Each step: n tokens verified, acc drafts accepted, tok committed, dd draft decod
 drafting, provenance (d draft, t target, c copy), and for ``auto`` its mode, why, a and b (the draft's
 acceptance curve, ``auto_acceptance``), bf/df (batch and draft factors), the step's tree size and the
 draft's top-1 probability at its root (when the tree holds the root's distribution).
+
+``NO_LOOK_AHEAD=1`` in the environment: ``auto`` never lets the draft look ahead during a verify (to see
+what the look-ahead's decodes cost the verifies they overlap on this machine's cores).
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -21,6 +25,7 @@ from contextlib import ExitStack
 from edgespec import cli
 from edgespec.measure import runner
 from edgespec.measure.netdelay import DelayProxy
+from edgespec.planner.auto import AutoPlanner
 
 SERVERS = (50162, 50163)
 PROXIES = (50172, 50173)
@@ -67,6 +72,8 @@ def main() -> int:
             for server, proxy in zip(SERVERS, PROXIES):
                 stack.enter_context(DelayProxy(("127.0.0.1", server), delay, ("127.0.0.1", proxy)))
             runner.generate = spy(runner.generate)
+            if os.environ.get("NO_LOOK_AHEAD"):
+                AutoPlanner.may_look_ahead = property(lambda self: False)
             rpc = ",".join(f"127.0.0.1:{p}" for p in PROXIES)
             argv = ["bench", "--rpc", rpc, "--tensor-split", "1,1,1", "--threads", "1", "--prompts", prompts]
             return cli.main(argv + flags)
