@@ -50,9 +50,9 @@ def calibrated(q, a: float, b: float) -> np.ndarray:
 
 
 def trials(tree, path) -> list[tuple[float, bool]]:
-    """A verified tree's trials: at each node of the accepted ``path`` (root first) whose first drafted
-    child is its draft's top-1 guess (auto's trees keep children best first), (q of that child, whether
-    the path goes on through it). (Copies' children are the copies' evidence, ``auto_copies``.)"""
+    """A verified tree's trials: at each node of the accepted ``path`` (root first) with drafted children,
+    (q of the likeliest of them — the draft's top-1 guess, which auto always keeps — and whether the
+    path goes on through it). (Copies' children are the copies' evidence, ``auto_copies``.)"""
     out = []
     for i, node in enumerate(path):
         kids = [u for u in tree.children(node) if not tree.copied_flags[u]]

@@ -70,11 +70,10 @@ class AutoGrowth:
     def _pool(self, growth: Growth) -> tuple[list[int], np.ndarray, float, int]:
         """The candidates by p̂ (ties: the older), their p̂, and the expanded nodes' Σ p̂ and count
         (the forced part)."""
-        phat = self.phat
-        candidates = sorted((u for u in phat if u not in growth.expanded), key=lambda u: (-phat[u], u))
-        pool = np.array([phat[u] for u in candidates], dtype=np.float64)
+        candidates = growth.candidates(self.phat)
+        pool = np.array([self.phat[u] for u in candidates], dtype=np.float64)
         forced = [u for u in growth.expanded if u != 0]
-        return candidates, pool, float(sum(phat[u] for u in forced)), len(forced)
+        return candidates, pool, float(sum(self.phat[u] for u in forced)), len(forced)
 
     def next_level(self, growth: Growth) -> list[int]:
         if not growth.levels:

@@ -24,7 +24,7 @@ candidates, verified by the one-hot rule (``ChildRule.TOP``) greedy or sampling.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -73,14 +73,18 @@ class Growth:
                 below.add(i)
                 t.path_prob[i] = t.path_prob[t.parents[i]] * t.draft_prob[i]
 
-    def ranked(self, nodes: Sequence[int] | None = None) -> list[int]:
-        """``nodes`` (default: every non-root node) by p̂, largest first; ties: the older node."""
+    def ranked(
+        self, nodes: Sequence[int] | None = None, phat: Mapping[int, float] | None = None
+    ) -> list[int]:
+        """``nodes`` (default: every non-root node) by p̂, largest first; ties: the older node. ``phat``:
+        a policy's own estimate per node (``auto``'s, through its acceptance curve), else Π q."""
         nodes = range(1, self.tree.size) if nodes is None else nodes
-        return sorted(nodes, key=lambda u: (-self.tree.path_prob[u], u))
+        p = self.tree.path_prob if phat is None else phat
+        return sorted(nodes, key=lambda u: (-p[u], u))
 
-    def candidates(self) -> list[int]:
-        """The nodes not evaluated yet, best p̂ first."""
-        return self.ranked([u for u in range(1, self.tree.size) if u not in self.expanded])
+    def candidates(self, phat: Mapping[int, float] | None = None) -> list[int]:
+        """The nodes not evaluated yet, best p̂ first (``ranked``)."""
+        return self.ranked([u for u in range(1, self.tree.size) if u not in self.expanded], phat)
 
     def expected(self, nodes: Sequence[int]) -> float:
         """E(A) of a tree holding ``nodes``: Σ p̂."""
