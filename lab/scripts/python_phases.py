@@ -57,7 +57,7 @@ def timed(owner, name: str, label: str, decodes_in_c: bool = False) -> None:
 for owner, name, label in [
     (_llama.C, "llama_decode", "llama_decode"),  # taken out below: not Python
     (_llama.Context, "logits_rows", "logits view"),
-    (_llama.Context, "_fill_and_decode", "batch fill"),
+    (_llama.Context, "_fill", "batch fill"),
     (_llama.Context, "seq_cp", "seq_cp"),
     (_llama.Context, "seq_rm", "seq_rm"),
     (draft, "draft_dists", "draft_dists (top-k rows)"),
