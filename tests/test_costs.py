@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 
 import numpy as np
 import pytest
@@ -128,3 +129,22 @@ def test_a_profile_measured_on_a_busy_machine_is_used_but_never_cached(measured,
     monkeypatch.setattr(costs, "measure", lambda *a, **k: quiet)
     assert costs.load_or_measure(pair, home=tmp_path) is quiet
     assert costs.load_cached(pair, tmp_path) == quiet  # the quiet one replaced it
+
+
+def test_over_rpc_every_target_size_is_decoded_once_before_it_is_timed(monkeypatch):
+    """A remote target's first decode of each batch size pays a one-off (llama.cpp asks every server the
+    allocation sizes of the new shapes' tensors): the profile times sizes only after it was paid."""
+    pair = ChatFakePair(n_seq=17)
+    pair.target.ctx.remote = True
+    one_off, seen, verify = 0.05, set(), pair.target.verify
+
+    def verify_paying_once_per_size(tree, *args, **kwargs):
+        if tree.size not in seen:
+            seen.add(tree.size)
+            time.sleep(one_off)
+        return verify(tree, *args, **kwargs)
+
+    monkeypatch.setattr(pair.target, "verify", verify_paying_once_per_size)
+    profile = costs.measure(pair, sizes=(1, 2, 8, 12, 16), catchup_sizes=(1,), repeats=2)
+    assert seen == {1, 2, 8, 12, 16}
+    assert all(hi < one_off / 2 for lo, hi in profile.spread["target"].values())  # no timed sample paid it

@@ -39,7 +39,7 @@ from ..models.store import model_identity
 from ..planner.costmodel import CostModel
 from ..planner.tree import TreeBuilder, chain_tree
 
-PROFILE_VERSION = 2  # 2: every size up to 33, dips kept (1 interpolated a sparse grid, made monotone)
+PROFILE_VERSION = 3  # 3: over RPC every target size warmed first; 2: every size up to 33, dips kept
 SIZES = (*range(1, 34), 40, 48, 56, 64)  # target verify and draft level sizes
 CATCHUP_SIZES = (1, 2, 4, 8, 16, 32, 64)
 QUICK_SIZES = (*range(1, 34), 48, 64)
@@ -89,17 +89,11 @@ class CostProfile:
         out = []
         for n in sizes:
             t, d, k = self.target.get(n), self.draft.get(n), self.catchup.get(n)
-            out.append(
-                {
-                    "n": n,
-                    "target": t,
-                    "target_rel": t / t1 if t and t1 else None,
-                    "draft": d,
-                    "draft_rel": d / d1 if d and d1 else None,
-                    "catchup": k,
-                    "catchup_rel": k / k1 if k and k1 else None,
-                }
-            )
+            rel = {
+                f"{c}_rel": v / one if v and one else None
+                for c, v, one in (("target", t, t1), ("draft", d, d1), ("catchup", k, k1))
+            }
+            out.append({"n": n, "target": t, "draft": d, "catchup": k, **rel})
         return out
 
     def as_dict(self) -> dict:
@@ -366,12 +360,18 @@ def measure(
     ones: dict[str, list[float]] = {curve: [] for curve in timers}
     ratios: dict[str, dict[int, list[float]]] = {curve: {} for curve in timers}
     samples: dict[str, dict[int, list[float]]] = {curve: {} for curve in timers}
-    warmup = [(curve, n) for curve, n in plan if n <= 8]
+    # Pass 0 decodes each size once before any is timed: the first decode of a batch size pays one-offs
+    # (repacked weights, buffers). Over RPC that is every target size: each new shape makes llama.cpp
+    # ask every server the allocation size of the graph's new tensors, a round trip each (measured:
+    # +0.5 s at 20 ms one way, +1.4 s at 50 ms; median of two repeats, one of them paying it, was up
+    # to 2.4x the cost of 9–64 tokens).
+    remote = getattr(pair.target.ctx, "remote", False)
+    warmup = [(curve, n) for curve, n in plan if n <= 8 or (remote and curve == "target")]
     total = len(warmup) + len(plan) * repeats
     done = 0
     pair.target.sync(base[:-1])
     pair.draft.sync(base)
-    for rep in range(repeats + 1):  # pass 0 warms up (caches, repacked weights) and is dropped
+    for rep in range(repeats + 1):  # pass 0 warms up and is dropped
         for curve, n in warmup if rep == 0 else plan if rep % 2 else plan[::-1]:
             one = timers[curve](pair, base, 1)
             seconds = one if n == 1 else timers[curve](pair, base, n)
