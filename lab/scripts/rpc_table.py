@@ -17,6 +17,10 @@ keeps the last third, the logits and the draft (``--tensor-split 1,1,1``). For e
   the logits come back over the link).
 
     python lab/scripts/rpc_table.py BUILD/bin OUTDIR [--delays 0,5,20,50] [--prompts 3] [--tokens 32]
+        [--rounds R] [--llama-modes "draft n-max default,draft n-max 4,ngram-mod"]
+
+``--rounds`` R > 1: each delay runs both sides R times, in alternating order (ABBA…), and writes the
+rates pooled over the rounds and auto's and chain's ratio to llama.cpp's best mode (pooled-DELAYms.txt).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from statistics import median
 
@@ -40,8 +45,10 @@ SERVER_PORTS = (50152, 50153)
 NEVER_MATCHES = ("--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "1024")
 LLAMA_MODES = {
     "draft n-max default": ("--spec-type", "draft-simple"),
-    "draft n-max 8": ("--spec-type", "draft-simple", "--spec-draft-n-max", "8"),
-    "draft n-max 16": ("--spec-type", "draft-simple", "--spec-draft-n-max", "16"),
+    **{
+        f"draft n-max {n}": ("--spec-type", "draft-simple", "--spec-draft-n-max", str(n))
+        for n in (4, 5, 6, 8, 16)
+    },
     "ngram-mod": ("--spec-type", "ngram-mod"),
 }
 
@@ -102,12 +109,12 @@ def llama_run(
     return {"tokens": n, "seconds": seconds, "steps": steps, "verified": steps + drafted}
 
 
-def llama_side(binary: Path, prompts, delay_ports, tokens: int, tmp: Path, flash_attn: str) -> dict:
+def llama_side(binary: Path, prompts, delay_ports, tokens: int, tmp: Path, flash_attn: str, modes) -> dict:
     resolved = resolve_pair()
     target, draft = str(resolved.target_path), str(resolved.draft_path)
     rpc = ",".join(f"127.0.0.1:{p}" for p in delay_ports)
-    out: dict[str, list] = {"plain": [], **{m: [] for m in LLAMA_MODES}}
-    ratios: dict[str, list] = {m: [] for m in LLAMA_MODES}
+    out: dict[str, list] = {"plain": [], **{m: [] for m in modes}}
+    ratios: dict[str, list] = {m: [] for m in modes}
     for i, text in enumerate(prompts):
         path = tmp / f"prompt{i}.txt"
         path.write_text(text + "\n", encoding="utf-8")  # llama.cpp strips one trailing newline from -f
@@ -115,7 +122,7 @@ def llama_side(binary: Path, prompts, delay_ports, tokens: int, tmp: Path, flash
         plain = [llama_run(binary, target, draft, path, NEVER_MATCHES, tokens, rpc, flash_attn)]
         runs = {
             mode: llama_run(binary, target, draft, path, spec, tokens, rpc, flash_attn)
-            for mode, spec in LLAMA_MODES.items()
+            for mode, spec in modes.items()
         }
         plain.append(llama_run(binary, target, draft, path, NEVER_MATCHES, tokens, rpc, flash_attn))
         pooled = sum(p["tokens"] for p in plain) / sum(p["seconds"] for p in plain)
@@ -151,6 +158,8 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--strategies", default="chain,dyspec:16,opt-tree:16,auto")
     parser.add_argument("--skip-llama", action="store_true")
+    parser.add_argument("--rounds", type=int, default=1, help="per delay: both sides, alternating order")
+    parser.add_argument("--llama-modes", default=",".join(LLAMA_MODES), help="of: " + ", ".join(LLAMA_MODES))
     parser.add_argument(
         "--llama-flash-attn",
         default="off",
@@ -183,54 +192,85 @@ def main() -> int:
                 )
             )
             for delay in (int(d) for d in args.delays.split(",")):
-                proxies = [DelayProxy(("127.0.0.1", p), delay / 1000) for p in SERVER_PORTS]
-                for proxy in proxies:
-                    proxy.__enter__()
-                try:
-                    ports = [proxy.port for proxy in proxies]
-                    rpc = ",".join(f"127.0.0.1:{p}" for p in ports)
-                    print(f"delay {delay} ms: proxies {rpc}", flush=True)
-                    bench = args.out / f"edgespec-{delay}ms.json"
-                    command = [
-                        sys.executable,
-                        "-m",
-                        "edgespec.cli",
-                        "bench",
-                        "--rpc",
-                        rpc,
-                        "--tensor-split",
-                        "1,1,1",
-                        "--threads",
-                        "1",
-                        "--prompts",
-                        str(jsonl),
-                        "--max-tokens",
-                        str(args.tokens),
-                        "--strategies",
-                        args.strategies,
-                        "--json",
-                        str(bench),
-                    ]
-                    subprocess.run(command, check=True, timeout=3600)
-                    if not args.skip_llama:
-                        texts = [resolve_text(c) for c in cases]
-                        summary = llama_side(
-                            args.tools / "llama-speculative-simple",
-                            texts,
-                            ports,
-                            args.tokens,
-                            Path(tmp),
-                            args.llama_flash_attn,
-                        )
-                        (args.out / f"llama-{delay}ms.json").write_text(json.dumps(summary, indent=1))
-                finally:
-                    for proxy in proxies:
-                        proxy.__exit__(None, None, None)
+                for round_ in range(args.rounds):
+                    # fresh proxies (ports) each round: auto's profile, keyed by them, is measured in
+                    # the bench's own process each time; the sides alternate (ABBA) to cancel drift
+                    suffix = f"-r{round_ + 1}" if args.rounds > 1 else ""
+                    sides = ["edgespec", "llama"] if round_ % 2 == 0 else ["llama", "edgespec"]
+                    with ExitStack() as stack:
+                        proxies = [DelayProxy(("127.0.0.1", p), delay / 1000) for p in SERVER_PORTS]
+                        proxies = [stack.enter_context(proxy) for proxy in proxies]
+                        ports = [proxy.port for proxy in proxies]
+                        print(f"delay {delay} ms{suffix}: proxies {ports}", flush=True)
+                        for side in sides:
+                            if side == "edgespec":
+                                bench = args.out / f"edgespec-{delay}ms{suffix}.json"
+                                edgespec_side(args, ports, jsonl, bench)
+                            elif not args.skip_llama:
+                                summary = llama_side(
+                                    args.tools / "llama-speculative-simple",
+                                    [resolve_text(c) for c in cases],
+                                    ports,
+                                    args.tokens,
+                                    Path(tmp),
+                                    args.llama_flash_attn,
+                                    {m: LLAMA_MODES[m] for m in args.llama_modes.split(",")},
+                                )
+                                path = args.out / f"llama-{delay}ms{suffix}.json"
+                                path.write_text(json.dumps(summary, indent=1))
+                if args.rounds > 1 and not args.skip_llama:
+                    pooled_summary(args.out, delay, args.rounds)
     finally:
         for server in servers:
             server.terminate()
             server.wait(30)
     return 0
+
+
+def edgespec_side(args, ports, jsonl: Path, bench: Path) -> None:
+    rpc = ",".join(f"127.0.0.1:{p}" for p in ports)
+    command = [sys.executable, "-m", "edgespec.cli", "bench", "--rpc", rpc, "--tensor-split", "1,1,1"]
+    command += ["--threads", "1", "--prompts", str(jsonl), "--max-tokens", str(args.tokens)]
+    command += ["--strategies", args.strategies, "--json", str(bench)]
+    subprocess.run(command, check=True, timeout=3600)
+
+
+def pooled_summary(out: Path, delay: int, rounds: int) -> None:
+    """tokens/s of each side's modes pooled over the rounds (Σ tokens ÷ Σ seconds), and auto's and
+    chain's ratio to llama.cpp's best mode, per round and pooled."""
+    ours: dict[str, list] = {}
+    theirs: dict[str, list] = {}
+    for r in range(1, rounds + 1):
+        bench = json.loads((out / f"edgespec-{delay}ms-r{r}.json").read_text())
+        ours.setdefault("plain", []).append((bench["baseline"]["tokens"], bench["baseline"]["seconds"]))
+        for result in bench["results"]:
+            ours.setdefault(result["key"], []).append((result["tokens"], result["seconds"]))
+        llama = json.loads((out / f"llama-{delay}ms-r{r}.json").read_text())
+        for mode, summary in llama.items():
+            runs = summary["runs"]
+            pooled = (sum(x["tokens"] for x in runs), sum(x["seconds"] for x in runs))
+            theirs.setdefault(mode, []).append(pooled)
+
+    def rate(pairs, r=None):
+        chosen = pairs if r is None else [pairs[r]]
+        return sum(t for t, _ in chosen) / sum(s for _, s in chosen)
+
+    lines = [f"delay {delay} ms, {rounds} rounds (ABBA), tokens/s per round and pooled:"]
+    for side, table in (("edgespec", ours), ("llama.cpp", theirs)):
+        for mode, pairs in table.items():
+            per = " ".join(f"{rate(pairs, r):6.2f}" for r in range(rounds))
+            lines.append(f"  {side:9s} {mode:20s} {per}   pooled {rate(pairs):6.2f}")
+    modes = [m for m in theirs if m != "plain"]
+    for r in [*range(rounds), None]:
+        best = max(modes, key=lambda m: rate(theirs[m], r))
+        label = f"round {r + 1}" if r is not None else "pooled"
+        ratios = "  ".join(
+            f"{k} {rate(ours[k], r) / rate(theirs[best], r):.2f}" for k in ("auto", "chain") if k in ours
+        )
+        lines.append(f"  {label}: llama.cpp's best {best} {rate(theirs[best], r):.2f} tok/s; ÷ it: {ratios}")
+    text = "\n".join(lines)
+    print(text, flush=True)
+    (out / f"pooled-{delay}ms.txt").write_text(text + "\n")
 
 
 def resolve_text(case) -> str:
