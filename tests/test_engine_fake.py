@@ -125,6 +125,18 @@ def test_a_step_past_max_tokens_is_cut_even_when_it_ends_the_turn():
     assert _cut(step, FakeModel(), 9) == (step[:4], "stop")
 
 
+def test_no_tree_drafts_past_the_tokens_the_answer_has_left():
+    """r tokens left: at most r − 1 drafts (and the target's own token) are worth verifying."""
+    tokens, events = _run(FakePair(), ChainPlanner(gamma=8), max_tokens=11)
+    assert tokens == _plain(11)
+    left = 11
+    for event in events:
+        if event.verified_nodes:
+            assert event.verified_nodes <= left  # root + drafts
+        left -= len(event.tokens)
+    assert [e.verified_nodes for e in events if e.verified_nodes][-1] < 9  # the last step was cut short
+
+
 def test_max_tokens_and_cancel():
     import threading
 

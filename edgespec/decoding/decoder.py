@@ -69,9 +69,9 @@ def generate(
         elif planner is None:
             step = plain_step(pair.target, root, request.sampling, rng)
         else:
-            step = speculative_step(
-                pair, planner, root, request.sampling, rng, max_nodes=min(room, pair.max_nodes), fresh=fresh
-            )
+            # no deeper than the answer may still go: r tokens left are r − 1 drafts and the target's own
+            nodes = min(room, pair.max_nodes, request.max_tokens - produced)
+            step = speculative_step(pair, planner, root, request.sampling, rng, max_nodes=nodes, fresh=fresh)
             fresh = False  # the planner's first step of this request is behind us
         root, first = step.next_root, False
         tokens, finish = _cut(step.tokens, pair.target.model, request.max_tokens - produced)
