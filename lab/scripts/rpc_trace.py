@@ -10,7 +10,8 @@ drafting, provenance (d draft, t target, c copy), and for ``auto`` its mode, why
 acceptance curve, ``auto_acceptance``), bf/df (batch and draft factors), the step's tree size and the
 draft's top-1 probability at its root (when the tree holds the root's distribution).
 
-``NO_LOOK_AHEAD=1`` in the environment: ``auto`` never lets the draft look ahead during a verify (to see
+``TREE_DUMP=1``: every node of each tree over 16 nodes (depth, parent, q, Π q).
+``NO_LOOK_AHEAD=1``: ``auto`` never lets the draft look ahead during a verify (to see
 what the look-ahead's decodes cost the verifies they overlap on this machine's cores).
 """
 
@@ -54,6 +55,16 @@ def spy(generate):
                         f"root_top1={top}"
                     )
                 print(line, flush=True)
+                tree = event.tree
+                if os.environ.get("TREE_DUMP") and tree is not None and tree.size > 16:
+                    for node in range(1, tree.size):  # depth, parent, q, Π q, copied: the big trees
+                        print(
+                            f"    node {node:2d} depth {tree.depths[node]:2d} "
+                            f"parent {tree.parent_ids[node]:2d} "
+                            f"q {tree.draft_probs[node]:.3f} path {tree.path_probs[node]:.3f}"
+                            f"{' copied' if tree.copied_flags[node] else ''}",
+                            flush=True,
+                        )
             yield event
 
     return traced
