@@ -246,3 +246,30 @@ def test_auto_looks_ahead_only_where_a_tree_drafted_for_free_would_pay():
         planner.policy.decide(1, planner.budget)  # step 1 of the policy: could a tree ever pay?
         assert planner.may_draft
         assert planner.may_look_ahead is looks
+
+
+@pytest.mark.parametrize("known", [False, True])
+def test_a_level_the_look_ahead_decoded_is_not_counted_as_drafting(known, monkeypatch):
+    """Drafting auto predicts (and so learns its drafting factor against) counts only the nodes the draft
+    must decode: a level of nodes the look-ahead decoded costs nothing, even where the growth chose it
+    by its forecast rather than as free. (Counted, each such step taught auto that drafting costs ~0
+    and the factor sank to 0.25: its next trees drafted 5.7 levels a step at 20 ms.)"""
+    import numpy as np
+    from test_fit import SLOW_LINK
+
+    from edgespec.planner import auto_trees
+    from edgespec.planner.auto_acceptance import Acceptance
+    from edgespec.planner.growth import Growth
+
+    growth = Growth.from_root(7)
+    policy = auto_trees.AutoGrowth(
+        SLOW_LINK, Acceptance(), np.array([0.8, 0.1, 0.05, 0.02]), cap=16, max_depth=10, spent=0.0,
+        known=lambda path: known,
+    )  # fmt: skip
+    growth.levels.append(1)
+    growth.expanded[0] = None
+    policy.admit(growth, [0], [auto_trees.SparseDist(ids=np.array([5, 6]), probs=np.array([0.8, 0.1]))])
+    monkeypatch.setattr(auto_trees.AutoGrowth, "_free", lambda *args: False)  # not taken as free …
+    monkeypatch.setattr(auto_trees, "deepen", lambda *args: (1, None))  # … but worth a level
+    assert len(policy.next_level(growth)) == 1
+    assert policy.spent == (0.0 if known else pytest.approx(float(SLOW_LINK.d(1))))

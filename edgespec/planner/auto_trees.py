@@ -90,9 +90,11 @@ class AutoGrowth:
         w, _ = deepen(forced_e, forced_n, pool, expandable, self.spent, 1.0, self.costs, self.cap, chances)
         if w == 0:
             return []
-        self.spent += float(self.costs.d(w))
-        chosen = expandable_within(expandable, self.cap - forced_n)[:w]  # the w best expandable by p̂
-        return [candidates[i] for i in chosen]
+        chosen = [candidates[i] for i in expandable_within(expandable, self.cap - forced_n)[:w]]
+        # what the level costs: a decode of the nodes the look-ahead has not decoded (none: nothing)
+        paid = sum(not self.known(growth.tree.path_tokens(u)) for u in chosen)
+        self.spent += float(self.costs.d(paid)) if paid else 0.0
+        return chosen
 
     def _free(self, growth: Growth, candidates, pool, expandable, forced_e: float, forced_n: int) -> bool:
         """The best candidate was decoded by the draft's look-ahead, and the final tree would verify it
