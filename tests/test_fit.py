@@ -111,6 +111,22 @@ def test_a_measured_fit_lets_auto_draft_from_the_first_step_over_a_slow_link():
     assert _first_step(poor, q=0.8) == PLAIN
 
 
+def test_learnt_cost_factors_never_make_plain_decoding_final():
+    """"Speculation cannot pay on this machine" is read off the profile. Factors learnt from a few slow
+    steps may make the forecast say plain, but when they come back auto drafts again (on learnt
+    factors that verdict was final: with nothing drafted, nothing could unlearn it)."""
+    planner = AutoPlanner(costs=SLOW_LINK)
+    planner.use_fit(DraftFit(np.array([0.8, 0.08, 0.03, 0.02]), ratio=1.0, tokens=64))
+    assert _first_step(planner, q=0.8) == SPECULATE
+    cal = planner.calibration
+    cal.batch_factor = cal.draft_factor = 8.0
+    cal._apply_factors()
+    assert _first_step(planner, q=0.8) == PLAIN and not planner.policy.never_drafts
+    cal.batch_factor = cal.draft_factor = 1.0
+    cal._apply_factors()
+    assert _first_step(planner, q=0.8) == SPECULATE
+
+
 def test_over_rpc_drafting_starts_at_what_the_look_ahead_leaves_and_steps_correct_it():
     """A target on RPC servers (``look_ahead``): the draft works during each verify, so drafting starts
     at 1 − P(hit) of its profiled cost — P(hit): how often the fit saw the draft right 5 times in a

@@ -135,10 +135,12 @@ class Policy:
         if costs is not self._curves:
             self._curves, self._ceiling_ok = costs, None
             self.copies.use_costs(costs, self.budget)
-        if self._ceiling_ok is None:
-            best = ceiling(costs, cap)
+        if self._ceiling_ok is None:  # on the profile: what this machine allows, not a factor's
+            # estimate of the moment (a "never" on learnt factors was final: nothing drafted to unlearn it)
+            profiled = self.calibration.costs
+            best = ceiling(profiled, cap)
             if self.masks:
-                best = max(best, parallel_ceiling(costs, self.masks, cap))
+                best = max(best, parallel_ceiling(profiled, self.masks, cap))
             self._ceiling_ok = best > (1 + MARGIN) / self.calibration.plain_decode
         return costs
 
