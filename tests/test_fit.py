@@ -231,3 +231,23 @@ def test_over_rpc_trees_are_sized_on_curves_that_charge_a_new_size_its_one_off()
     assert float(sizing.t(1)) == float(SLOW_LINK.t(1))
     assert float(remote.effective.t(4)) == pytest.approx(float(SLOW_LINK.t(4)))
     assert local.one_off == 0.0 and local.sizing(warm) is local.effective
+
+
+def test_a_step_that_drafted_little_moves_the_drafting_factor_little():
+    """The drafting factor is decayed Σ measured ÷ Σ profiled seconds: one 10 ms level that took 80 ms
+    (it also waited for something) moves it by a quarter, not 3x; steps that draft more move it further."""
+    planner = AutoPlanner(costs=SLOW_LINK)
+    cal = planner.calibration
+    cal.plain_verify = float(SLOW_LINK.t(1))
+
+    def step(profiled: float, measured: float) -> float:
+        cal.draft_predicted = profiled
+        timings = SimpleNamespace(verify=float(SLOW_LINK.t(5)), draft=measured, plan=0.0)
+        cal.learn_costs(SimpleNamespace(verified_nodes=5, timings=timings))
+        return cal.draft_factor
+
+    assert step(0.3, 0.3) == pytest.approx(1.0)
+    assert step(0.01, 0.08) < 1.3  # a mean of ratios: 0.7 + 0.3 · 8 = 3.1
+    for _ in range(20):
+        step(0.3, 0.6)
+    assert cal.draft_factor == pytest.approx(2.0, rel=0.01)

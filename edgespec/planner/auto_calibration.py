@@ -38,6 +38,7 @@ PRIOR_WEIGHT = 4.0  # the one-pass trees' prior r counts as this many predicted 
 PROFILE_MEMORY = 8.0  # the running profile weighs as this many nodes against a step's new ones
 DECAY = 0.97  # per observed one-pass step: older steps fade
 FACTOR_RANGE = (0.25, 8.0)  # learned cost factors stay within this range
+DRAFT_DECAY = 0.7  # per step, on the drafting factor's sums
 ONE_OFF_SHARE = 4  # over RPC a tree size not decoded yet costs its one-off ÷ this (``sizing``)
 LOOK_AHEAD_CHAIN = 4  # the chain the look-ahead's prior assumes (``Calibration._look_ahead_prior``)
 
@@ -72,7 +73,8 @@ class Calibration:
     _factors_used: tuple[float, float] = (1.0, 1.0)
     one_off: float = 0.0  # over RPC: seconds a batch size's first verify costs extra (EMA; ``sizing``)
     _sizing: tuple[tuple, CostModel] | None = None  # (key, curves) of the last ``sizing``
-    _drafting_measured: bool = False  # a step measured the drafting factor (the prior is left behind)
+    # decayed Σ drafting seconds (measured, profiled); None until a step measured it (the prior rules)
+    _drafting: tuple[float, float] | None = None
 
     def use_costs(self, costs: CostModel) -> None:
         self.costs = costs
@@ -96,7 +98,7 @@ class Calibration:
         per-token acceptance α = chance(p₁), which misses that right guesses come in runs). Until steps
         have measured it, the drafting factor is what is left on average, 1 − P(hit) with n =
         ``LOOK_AHEAD_CHAIN`` (the steps then correct it)."""
-        if self.costs is None or not self.costs.look_ahead or self._drafting_measured:
+        if self.costs is None or not self.costs.look_ahead or self._drafting is not None:
             return
         hit = self.chain_hit
         if hit is None:
@@ -163,9 +165,17 @@ class Calibration:
             self.one_off = _ema(self.one_off or None, max(verify - expected, 0.0), 0.5)
         drafting = event.timings.draft + event.timings.plan
         if self.draft_predicted > 0 and drafting > 0:
-            self._drafting_measured = True
-            measured = drafting / self.draft_predicted / plain
-            self.draft_factor = float(np.clip(_ema(self.draft_factor, measured, 0.3), *FACTOR_RANGE))
+            # decayed Σ measured ÷ Σ profiled drafting: a step that drafted little weighs little (a
+            # mean of per-step ratios let one 30 ms level that also paid a wait say "8x")
+            if self._drafting is None:  # the prior, as much weight as an average of 0.3 gives it
+                prior = self.draft_predicted * (1 - DRAFT_DECAY) / DRAFT_DECAY
+                self._drafting = (self.draft_factor * prior, prior)
+            seen, profiled = self._drafting
+            self._drafting = (
+                DRAFT_DECAY * seen + drafting / plain,
+                DRAFT_DECAY * profiled + self.draft_predicted,
+            )
+            self.draft_factor = float(np.clip(self._drafting[0] / self._drafting[1], *FACTOR_RANGE))
         used_b, used_d = self._factors_used
         if abs(self.batch_factor / used_b - 1) > 0.1 or abs(self.draft_factor / used_d - 1) > 0.1:
             self._apply_factors()
