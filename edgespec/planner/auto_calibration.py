@@ -167,7 +167,7 @@ class Calibration:
         if self.draft_predicted > 0 and drafting > 0:
             # decayed Σ measured ÷ Σ profiled drafting: a step that drafted little weighs little (a
             # mean of per-step ratios let one 30 ms level that also paid a wait say "8x")
-            if self._drafting is None:  # the prior, as much weight as an average of 0.3 gives it
+            if self._drafting is None:  # the prior, worth 0.3 of the first measured step (after decay)
                 prior = self.draft_predicted * (1 - DRAFT_DECAY) / DRAFT_DECAY
                 self._drafting = (self.draft_factor * prior, prior)
             seen, profiled = self._drafting
