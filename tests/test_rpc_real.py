@@ -3,7 +3,9 @@
 - `generate --rpc` gives the same greedy tokens as the target on this machine alone, for plain
   decoding, chain, DySpec and auto. CPU weight repacking is off on both sides (--no-repack; a server
   never repacks): the local device then computes every layer with the same kernels as the servers,
-  so the logits are bit-identical and no near-tie allowance is needed.
+  so the logits of one batch are bit-identical and no near-tie allowance is needed, except for auto:
+  its trees follow the measured step times, which differ over RPC, and other batches sum in other
+  orders (it may part at a near-tie).
 - A server killed mid-answer: `generate` exits with a clear error within the timeout, its partial
   answer printed; a server that stops answering (SIGSTOP) does the same after --rpc-timeout.
 - The chat app (in a child process) keeps the partial answer, saved, and stays up.
@@ -145,7 +147,10 @@ def test_generate_over_two_rpc_servers_gives_the_local_tokens(env, models):
         for strategy in STRATEGIES:
             local = generate(env, models, strategy)
             remote = generate(env, models, strategy, "--rpc", servers)
-            assert remote["tokens"] == local["tokens"], strategy
+            if strategy == "auto":  # its trees follow the measured step times: other batches, other sums
+                assert part_only_at_a_near_tie(remote, local), strategy
+            else:
+                assert remote["tokens"] == local["tokens"], strategy
             assert len(local["tokens"]) == TOKENS
             if strategy != "none":
                 assert remote["stats"]["drafted"] > 0, f"{strategy} speculated over RPC"
