@@ -11,6 +11,8 @@ acceptance curve, ``auto_acceptance``), bf/df (batch and draft factors), the ste
 draft's top-1 probability at its root (when the tree holds the root's distribution).
 
 ``TREE_DUMP=1``: every node of each tree over 16 nodes (depth, parent, q, Π q).
+``GROWTH_LOG=1``: each level ``auto``'s growth chose (its nodes, how many the look-ahead had decoded,
+the drafting seconds charged so far), and the size it kept.
 ``NO_LOOK_AHEAD=1``: ``auto`` never lets the draft look ahead during a verify (to see
 what the look-ahead's decodes cost the verifies they overlap on this machine's cores).
 """
@@ -27,9 +29,10 @@ from edgespec import cli
 from edgespec.measure import runner
 from edgespec.measure.netdelay import DelayProxy
 from edgespec.planner.auto import AutoPlanner
+from edgespec.planner.auto_trees import AutoGrowth
 
 SERVERS = (50162, 50163)
-PROXIES = (50172, 50173)
+PROXIES = (50172, 50173)  # + 2 × the delay in ms: a profile per delay (it is keyed by the addresses)
 
 
 def spy(generate):
@@ -70,6 +73,27 @@ def spy(generate):
     return traced
 
 
+def log_growth() -> None:
+    next_level, keep = AutoGrowth.next_level, AutoGrowth.keep
+
+    def logged_level(self, growth):
+        chosen = next_level(self, growth)
+        known = sum(bool(self.known(growth.tree.path_tokens(u))) for u in chosen)
+        print(f"    level {len(growth.levels)}: {len(chosen)} nodes, {known} looked ahead, spent "
+              f"{self.spent * 1000:.0f} ms", flush=True)
+        return chosen
+
+    def logged_keep(self, growth):
+        kept = keep(self, growth)
+        _, pool, forced_e, forced_n = self._pool(growth)
+        c_t = " ".join(f"{self.costs.t(n) * 1000:.0f}" for n in range(forced_n + 1, forced_n + 4))
+        print(f"    kept {len(kept)}: {forced_n} expanded (E {forced_e:.2f}), best candidates' p̂ "
+              f"{' '.join(f'{x:.2f}' for x in pool[:3])}, c_t({forced_n + 1}…) {c_t} ms", flush=True)
+        return kept
+
+    AutoGrowth.next_level, AutoGrowth.keep = logged_level, logged_keep
+
+
 def main() -> int:
     delay, prompts, flags = float(sys.argv[1]) / 1000, sys.argv[2], sys.argv[3:]
     command = [sys.executable, "-m", "edgespec.cli", "rpc-server", "--threads", "1", "--port"]
@@ -80,12 +104,15 @@ def main() -> int:
     try:
         time.sleep(5)
         with ExitStack() as stack:
-            for server, proxy in zip(SERVERS, PROXIES):
+            proxies = [port + 2 * round(delay * 1000) for port in PROXIES]
+            for server, proxy in zip(SERVERS, proxies):
                 stack.enter_context(DelayProxy(("127.0.0.1", server), delay, ("127.0.0.1", proxy)))
             runner.generate = spy(runner.generate)
+            if os.environ.get("GROWTH_LOG"):
+                log_growth()
             if os.environ.get("NO_LOOK_AHEAD"):
                 AutoPlanner.may_look_ahead = property(lambda self: False)
-            rpc = ",".join(f"127.0.0.1:{p}" for p in PROXIES)
+            rpc = ",".join(f"127.0.0.1:{p}" for p in proxies)
             argv = ["bench", "--rpc", rpc, "--tensor-split", "1,1,1", "--threads", "1", "--prompts", prompts]
             return cli.main(argv + flags)
     finally:
