@@ -63,6 +63,21 @@ def test_the_look_ahead_saves_draft_decodes_when_the_target_takes_its_path(plann
     assert sum(e.draft_decodes for e in runs[(8,)]) < without
 
 
+def test_a_step_after_a_rejection_starts_on_what_the_look_ahead_decoded():
+    """When the target rejects a drafted token it often writes the draft's second guess there: the
+    look-ahead decodes that too (best first, after the likeliest path), so a step after a rejection
+    can also start on decoded nodes — and the answer still equals plain decoding. With the look-ahead
+    limited to the likeliest path, no step after a rejection ever reused a node."""
+    plain = _plain(max_tokens=80)
+    pair = _remote_pair((12,), n_seq=33, draft_noise=0.6)
+    tokens, events = _run(pair, ChainPlanner(gamma=3), max_tokens=80)
+    assert tokens == plain
+    after_rejection = [b for a, b in zip(events, events[1:]) if a.verified_nodes > 1 and a.accepted < a.depth]
+    assert len(after_rejection) >= 5
+    assert sum(e.reused > 0 for e in after_rejection) >= 2
+    _assert_cache_is_committed(pair.draft)
+
+
 @pytest.mark.parametrize("planner", ["chain:3", "dyspec:8", "opt-tree:8", "auto"])
 def test_sampled_answers_do_not_change_when_the_draft_looks_ahead(planner):
     """The reused distributions are exactly the ones the draft would compute then (the fake's logits

@@ -2,17 +2,19 @@
 ``Drafter``), or — ParallelSpec — drafts every depth at once; and its KV bookkeeping
 (``runners.CachedModel``).
 
-While a target on RPC servers verifies a tree, the draft looks ahead (``look_ahead``): it extends the
-tree's likeliest path with its own top-1 tokens. When the target accepts that path and writes the
-draft's guess next, ``commit`` keeps those cells and ``expand`` answers the next step's nodes on them
-from what was decoded already: that drafting was hidden behind the verify. A step that drafted nothing
-(``auto`` decoding plainly, or verifying copies) has the draft catch up meanwhile and guess from the
-root, so it stays current and the next tree may start decoded. Every reused distribution
+While a target on RPC servers verifies a tree, the draft looks ahead (``look_ahead``): it decodes the
+likeliest ways the text may go on past the tree — the tree's likeliest paths extended by its own top-1
+tokens, and where the target may reject a node's children, its likeliest other token. When the
+target's answer is one of them, ``commit`` keeps those cells and ``expand`` answers the next step's
+nodes on them from what was decoded already: that drafting was hidden behind the verify. A step that
+drafted nothing (``auto`` decoding plainly, or verifying copies) has the draft catch up meanwhile and
+guess from the root, so it stays current and the next tree may start decoded. Every reused distribution
 is the one the draft would compute for the same tokens, so the planners — and the output — are
 unchanged; only when the draft work happens moves."""
 
 from __future__ import annotations
 
+import heapq
 import threading
 from collections.abc import Sequence
 from time import perf_counter
@@ -22,7 +24,7 @@ from ._llama import Context
 from .rows import draft_dists
 from .runners import CachedModel
 
-AHEAD_TOKENS = 8  # most tokens a look-ahead decodes past the tree's likeliest path
+AHEAD_TOKENS = 8  # most tokens a look-ahead path goes past the tree's height
 
 
 class Draft(CachedModel):
@@ -255,11 +257,19 @@ class Draft(CachedModel):
 
     # -- looking ahead while the target verifies -----------------------------------------------------
     def look_ahead(self, tree: DraftTree, done: threading.Event, expected: float = 0.0) -> None:
-        """While the target verifies ``tree`` (``done`` is set when it has): extend the tree's likeliest
-        path — the leaf with the largest p̂ — with the draft's top-1 tokens, one decode a token, at most
-        ``AHEAD_TOKENS`` (a step that drafted nothing catches up first: ``_catch_up_meanwhile``).
-        ``expected``: how long the verify should take (0: unknown); a token is begun only while more
-        than half a decode of it is likely left, so the step rarely waits for the draft.
+        """While the target verifies ``tree`` (``done`` is set when it has): decode, one token a decode,
+        the likeliest ways the text may go on past the tree — best first, the draft's probabilities
+        standing in for the target's (a step that drafted nothing catches up first:
+        ``_catch_up_meanwhile``):
+
+        - a drafted node not decoded yet: the target accepts the path to it (chance p̂);
+        - past a decoded path, the tree's or the look-ahead's, reached with chance c: the target
+          rejects what was drafted there (if anything) and writes the draft's likeliest other token t
+          (past a leaf: its top-1 guess), chance c · q(t).
+
+        Paths stop ``AHEAD_TOKENS`` past the tree's height. ``expected``: how long the verify should
+        take (0: unknown); a token is begun only while more than half a decode of it is likely left,
+        so the step rarely waits for the draft.
         """
         if self.mask_ids:
             return  # ParallelSpec's masks: its trees are drafted in one pass, nothing to extend
@@ -267,33 +277,51 @@ class Draft(CachedModel):
         if not self._path_seq and not self._catch_up_meanwhile(tree, done):
             self.ahead_seconds += perf_counter() - start
             return
-        leaf = max(tree.leaves, key=lambda node: (tree.path_probs[node], tree.depths[node]))
-        tokens = tree.path_tokens(leaf)
-        known = len(tokens)
-        while tuple(tokens[:known]) not in self._path_dist:
-            known -= 1  # the root's is always known
-        path, tail = tuple(tokens[:known]), list(tokens[known:])  # tail: the path's undecoded end
+        in_tree = {tuple(tree.path_tokens(node)): node for node in range(tree.size)}
+        frontier: list[tuple[float, int, tuple[int, ...]]] = []  # a heap of (−chance, tie-break, path)
+        for path, node in in_tree.items():
+            if path in self._path_dist:
+                self._push_next(frontier, tree, in_tree, path, tree.path_probs[node])
+        longest = tree.height + 1 + AHEAD_TOKENS  # tokens in a path, the root included
         level = 0.0  # the last look-ahead decode's seconds
-        while not done.is_set() and len(path) < known + AHEAD_TOKENS:
-            token = tail.pop(0) if tail else int(self._path_dist[path].ids[0])
-            parent, path = self._path_node[path], path + (token,)
-            node = -len(path)  # look-ahead nodes: negative keys
+        while frontier and not done.is_set():
+            minus_chance, _, path = heapq.heappop(frontier)
+            parent = self._path_node[path[:-1]]
             if self._reusable(parent, path):
-                self._reuse(node, parent, path)  # decoded by the last look-ahead already
-                continue
-            position = self._root_pos + len(path) - 1
-            late = expected and perf_counter() - start + level / 2 > expected
-            full = position >= self.n_ctx or len(self._used_seqs) >= self.n_seq
-            if late or full or self.model.is_eog(token):
-                break
-            began = perf_counter()
-            seq = self._seq_below(parent, len(path) - 1)
-            if self.ctx.seq_pos_max(seq) != position - 1:
-                break  # a cell past the parent in its sequence (seen over RPC with bushy trees): stop here
-            self._assign(node, path, seq)
-            self._path_dist[path] = self._decode_top_k([token], [position], [(seq,)], 1)[0]
-            level = perf_counter() - began
+                self._reuse(-1 - len(self._path_node), parent, path)  # decoded by the last look-ahead
+            else:
+                position = self._root_pos + len(path) - 1
+                late = expected and perf_counter() - start + level / 2 > expected
+                if late or position >= self.n_ctx or len(self._used_seqs) >= self.n_seq:
+                    break
+                if self.model.is_eog(path[-1]):
+                    continue
+                began = perf_counter()
+                seq = self._seq_below(parent, len(path) - 1)
+                if self.ctx.seq_pos_max(seq) != position - 1:
+                    continue  # a cell past the parent in its sequence (seen over RPC with bushy trees)
+                self._assign(-1 - len(self._path_node), path, seq)  # look-ahead nodes: negative keys
+                self._path_dist[path] = self._decode_top_k([path[-1]], [position], [(seq,)], 1)[0]
+                level = perf_counter() - began
+            if len(path) < longest:
+                self._push_next(frontier, tree, in_tree, path, -minus_chance)
         self.ahead_seconds += perf_counter() - start
+
+    def _push_next(self, frontier: list, tree: DraftTree, in_tree: dict, path: tuple, chance: float) -> None:
+        """What may follow the decoded ``path`` (reached with ``chance``): its children in the tree, not
+        decoded, each at its p̂; and the draft's likeliest token outside them, at chance · q(token)."""
+        node = in_tree.get(path)
+        children = tree.children(node) if node is not None else ()
+        for child in children:
+            child_path = path + (tree.token_ids[child],)
+            if child_path not in self._path_dist:
+                heapq.heappush(frontier, (-tree.path_probs[child], len(frontier), child_path))
+        drafted = {tree.token_ids[child] for child in children}
+        dist = self._path_dist[path]
+        other = next((i for i, token in enumerate(dist.ids.tolist()) if token not in drafted), None)
+        if other is not None:
+            guess = chance * float(dist.probs[other])
+            heapq.heappush(frontier, (-guess, len(frontier), path + (int(dist.ids[other]),)))
 
     def _catch_up_meanwhile(self, tree: DraftTree, done: threading.Event) -> bool:
         """A step that drafted nothing (auto's plain and copy steps): the draft catches up on what the
