@@ -78,6 +78,23 @@ def test_a_step_after_a_rejection_starts_on_what_the_look_ahead_decoded():
     _assert_cache_is_committed(pair.draft)
 
 
+@pytest.mark.parametrize("polls", [(0,), (8,)])
+def test_the_first_tree_starts_on_what_the_draft_guessed_while_the_target_read_the_prompt(polls):
+    """The prompt's decode over RPC overlaps the draft's: it reads the prompt, guesses the reply's
+    first token and drafts below that guess, so when the guess is right the first tree is decoded
+    already. A target done at once leaves nothing to reuse; the answers equal plain decoding."""
+    plain = _plain(max_tokens=40)
+    pair = _remote_pair(polls, n_seq=33, draft_noise=0.3)
+    tokens, events = _run(pair, ChainPlanner(gamma=3), max_tokens=40)
+    assert tokens == plain
+    first_tree = events[1]  # events[0]: the first token, from the prompt's decode
+    if polls == (0,):
+        assert first_tree.reused == 0 and first_tree.draft_decodes > 0
+    else:
+        assert first_tree.reused > 0 and first_tree.draft_decodes == 0
+    _assert_cache_is_committed(pair.draft)
+
+
 @pytest.mark.parametrize("planner", ["chain:3", "dyspec:8", "opt-tree:8", "auto"])
 def test_sampled_answers_do_not_change_when_the_draft_looks_ahead(planner):
     """The reused distributions are exactly the ones the draft would compute then (the fake's logits

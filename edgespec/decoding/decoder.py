@@ -46,13 +46,17 @@ def generate(
     """Stream the answer to ``request``; ``planner=None`` decodes plainly (one token per step)."""
     rng = np.random.default_rng(request.sampling.seed)
     start = perf_counter()
-    # The prompt's new part in one target decode, its last token with logits: the first token's row.
-    first_row, cached = pair.target.prefill(request.prompt)
+    root = int(request.prompt[-1])
+    meanwhile = None
     if planner is not None and planner.needs_draft:
         pair.set_up_draft(planner.draft_setup())  # the plain draft, or a parallel drafter (ParallelSpec)
         pair.draft.defer(request.prompt)  # read with the first draft level: after the first token
+        pair.draft.begin_step(request.sampling.temperature)
+        # over RPC the draft catches up and guesses past the prompt while the target decodes it
+        meanwhile = _look_ahead(pair.draft, planner, pair.target, TreeBuilder(root).freeze())
+    # The prompt's new part in one target decode, its last token with logits: the first token's row.
+    first_row, cached = pair.target.prefill(request.prompt, meanwhile)
     prefill = perf_counter() - start
-    root = int(request.prompt[-1])
     detok = Detokenizer(pair.target.model.piece)
     stops = StopStrings(request.stop)
     produced, fresh, first = 0, True, True
@@ -135,15 +139,15 @@ def plain_step(target, root: int, params: SamplingParams, rng: np.random.Generat
 
 def first_token(pair, planner: Planner | None, root: int, row, params: SamplingParams, rng) -> _Step:
     """A reply's first token, from the row of the prompt's last token (``root``, decoded with the
-    prompt): no draft work before it. The draft, which reads the prompt with its first level later,
-    queues the token as its next root."""
+    prompt): no draft work waited for. The draft, which reads the rest of the prompt with its first
+    level later (over RPC: what it did not read while the target decoded the prompt), queues the token
+    as its next root — or, when it guessed it during that decode, keeps what it decoded past it."""
     start = perf_counter()
     token, margin = choose(row, params, rng)
     emitted = (EmittedToken(token, Provenance.TARGET, margin),)
     tree = TreeBuilder(root).freeze()  # the root alone, as a step that drafted nothing
     if planner is not None and planner.needs_draft:
-        pair.draft.begin_step(params.temperature)
-        pair.draft.commit(tree, (0,), token)
+        pair.draft.commit(tree, (0,), token)  # the step began before the prompt's decode
     seconds = perf_counter() - start
     timings = StepTimings(bookkeeping=seconds, python=seconds)  # its decode is the prompt's (prefill)
     event = StepEvent(

@@ -121,12 +121,13 @@ class Target(CachedModel):
         self.verify_seconds = 0.0  # the last tree's verify (what a look-ahead may overlap)
         self.plain_seconds = 0.0  # the last plain decode's (``decode_root``)
 
-    def prefill(self, prompt: Sequence[int]) -> tuple[np.ndarray, int]:
+    def prefill(self, prompt: Sequence[int], meanwhile=None) -> tuple[np.ndarray, int]:
         """Hold ``prompt``, keeping the longest prefix of ``prompt[:-1]`` already held and decoding the
         rest in one go, its last token with logits: returns that row (the distribution of the reply's
-        first token; valid until the next decode) and how many tokens were kept."""
+        first token; valid until the next decode) and how many tokens were kept. ``meanwhile``: as
+        ``decode_committed``'s."""
         keep = self.keep_prefix(prompt[:-1])
-        return self.decode_committed(prompt[keep:], want_last=True), keep
+        return self.decode_committed(prompt[keep:], want_last=True, meanwhile=meanwhile), keep
 
     def decode_root(self, root: int, meanwhile=None) -> np.ndarray:
         """Plain decoding: the root alone, straight into the committed prefix (``meanwhile``: as for
