@@ -164,6 +164,7 @@ def run(args) -> int:
 
 def _bench(args: argparse.Namespace, console: Console) -> int:
     from ..measure import BenchConfig, costs, document, report, run_bench, summarise
+    from ..measure.progress import progress_bar
     from ..measure.prompts import load_prompts
 
     cases = load_prompts(args.prompts)
@@ -175,7 +176,7 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
         profile = None
         if args.profile or args.reprofile or cost_aware:
             quick = not (args.profile or args.reprofile)
-            with costs.progress_bar("cost profile") as bar:
+            with progress_bar("cost profile") as bar:
                 profile = costs.load_or_measure(pair, refresh=args.reprofile, quick=quick, progress=bar)
             if args.profile or args.reprofile:
                 console.print(report.profile_table(profile))
@@ -191,7 +192,7 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
             seed=args.seed if args.seed is not None else 1234,
         )
         runs = 1 + 2 * sum(v.repeats for v in variants)
-        with costs.progress_bar(f"bench ({len(cases)} prompts × {runs} runs)") as bar:
+        with progress_bar(f"bench ({len(cases)} prompts × {runs} runs)") as bar:
             result = run_bench(pair, cases, variants, config, progress=bar)
         settings = pair.settings
         doc = document.document(

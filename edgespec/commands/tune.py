@@ -11,8 +11,8 @@ from rich.console import Console
 
 from .. import options
 from ..errors import EdgespecError
-from ..measure import costs
 from ..measure import tune as tuning
+from ..measure.progress import progress_bar
 from ..models.paths import decision_model_path
 from ..planner.earlystop import DecisionModel
 from ..strategy import StrategyChoice, make_planner
@@ -87,7 +87,7 @@ def run(args) -> int:
         compare_cases = cases
         if not args.no_train:
             planner = _planner(args, resolved)
-            with costs.progress_bar(f"{planner.name} {planner.describe()}", console) as bar:
+            with progress_bar(f"{planner.name} {planner.describe()}", console) as bar:
                 examples = tuning.collect(
                     pair,
                     planner,
@@ -130,7 +130,7 @@ def run(args) -> int:
             }
             chosen = {v: planners[v]() for v in variants}
             tokens = args.compare_tokens or args.max_tokens
-            with costs.progress_bar("compare", console) as bar:
+            with progress_bar("compare", console) as bar:
                 rows = tuning.compare(
                     pair,
                     chosen,

@@ -24,8 +24,8 @@ import json
 import logging
 import os
 import platform
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -38,6 +38,7 @@ from ..models.paths import home_dir
 from ..models.store import model_identity
 from ..planner.costmodel import CostModel
 from ..planner.tree import TreeBuilder, chain_tree
+from .progress import Progress, progress_bar
 
 PROFILE_VERSION = 3  # 3: over RPC every target size warmed first; 2: every size up to 33, dips kept
 SIZES = (*range(1, 34), 40, 48, 56, 64)  # target verify and draft level sizes
@@ -51,7 +52,6 @@ BUSY_SPREAD = 1.25
 CONTEXT_TOKENS = 160  # committed tokens the measurements run on (a typical prompt plus some answer)
 
 log = logging.getLogger(__name__)
-Progress = Callable[[str, int, int], None]  # (what, done, total)
 
 
 @dataclass(frozen=True)
@@ -267,29 +267,6 @@ def attach(
         planner.use_costs(replace(cached.model(pair.max_nodes - 1), look_ahead=ahead))
         if planner.wants_fit and (fit := fit or measure_and_save_fit(pair, progress, home)):
             planner.use_fit(fit)
-
-
-@contextmanager
-def progress_bar(title: str, console=None) -> Iterator[Progress]:
-    """A Rich progress bar (on ``console``, default stderr), as a ``Progress`` callback."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
-    from rich.progress import Progress as RichProgress
-
-    with RichProgress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console or Console(stderr=True),
-        transient=True,
-    ) as bar:
-        task = bar.add_task(title, total=None)
-
-        def update(what: str, done: int, total: int) -> None:
-            bar.update(task, description=f"{title}: {what}", completed=done, total=total)
-
-        yield update
 
 
 # -- measuring ------------------------------------------------------------------------------------------
