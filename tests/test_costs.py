@@ -86,6 +86,18 @@ def test_cache_is_keyed_and_reused(measured, tmp_path, monkeypatch):
         assert costs.load_cached(pair, tmp_path) is None
     finally:
         pair.settings = before
+    # Another CPU behind the same model name (a VM's "AMD EPYC", AVX2 or AVX-512), another build of the
+    # same version (portable, native): another profile.
+    from edgespec import engine
+    from edgespec.engine import probe
+
+    with monkeypatch.context() as patched:
+        patched.setattr(probe, "cpu_identity", lambda: "model name: AMD EPYC\nflags: avx avx2 avx512f")
+        assert costs.load_cached(pair, tmp_path) is None
+    with monkeypatch.context() as patched:
+        patched.setattr(engine, "system_info", lambda: "CPU : AVX2 = 1 | AVX512 = 1 |", raising=False)
+        assert costs.load_cached(pair, tmp_path) is None
+    assert costs.load_cached(pair, tmp_path) == profile
 
 
 def test_attach_gives_auto_its_curves(measured, tmp_path):

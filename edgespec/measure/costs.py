@@ -14,8 +14,9 @@ root) is measured: the curves are not smooth. On a CPU, llama.cpp's repacked Q4_
 llamafile's tiles: on the 2-core EPYC verifying 16 tokens cost 7.1 decodes, 15 tokens 10.0 and 17
 8.4. The planners that size trees by the curves (``best_size``) pick such sizes if the profile shows them.
 Cached as JSON in ``<data home>/profiles/`` keyed by the model files (sha256 from the store's record,
-else size and mtime), the offload, threads, repacking, tiled matmul, flash attention, the build and,
-for a target over RPC, its servers and split; ``attach`` gives it to planners."""
+else size and mtime), the offload, threads, repacking, tiled matmul, flash attention, the build (version
+and compiled features), the CPU (name and flags) and, for a target over RPC, its servers and split;
+``attach`` gives it to planners."""
 
 from __future__ import annotations
 
@@ -168,8 +169,11 @@ def llama_version() -> str:
 
 def profile_key(pair) -> dict:
     """What the costs depend on: model files, offload, threads, repacking, tiled matmul, flash attention,
-    the build, and the RPC servers holding the target (only when there are some)."""
-    from ..engine import tiled_matmul
+    the build (its version and the CPU features compiled in), the CPU (virtual machines often name only
+    the vendor: its flags tell an AVX2 EPYC from an AVX-512 one), and the RPC servers holding the target
+    (only when there are some)."""
+    from ..engine import system_info, tiled_matmul
+    from ..engine.probe import cpu_identity
 
     settings = pair.settings
     threads = settings.threads or os.cpu_count() or 1
@@ -183,7 +187,9 @@ def profile_key(pair) -> dict:
         "tiled_matmul": tiled_matmul(),
         "flash_attn": settings.context(settings.target_on_cpu).flash_attn,
         "llama_cpp_python": llama_version(),
+        "build": system_info(),
         "cpu": cpu_model(),
+        "cpu_identity": hashlib.sha256(cpu_identity().encode()).hexdigest()[:16],
     }
     if getattr(settings, "rpc", None):  # the target over RPC: its servers (and the split) are the machine
         key["rpc"] = {"servers": list(settings.rpc), "tensor_split": list(settings.tensor_split)}
