@@ -9,6 +9,7 @@ from importlib import import_module
 _WHERE = {
     "backend_versions": "._backend",
     "compiled_features": "._backend",
+    "cpu_flags": "._backend",
     "supports_gpu_offload": "._backend",
     "system_info": "._backend",
     "tiled_matmul": "._backend",

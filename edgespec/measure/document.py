@@ -57,11 +57,19 @@ def gpu_names() -> list[str]:
     return [line.strip() for line in out.splitlines() if line.strip()]
 
 
-def hardware_info(settings) -> dict:
-    from ..engine import supports_gpu_offload, system_info
+# The CPU's own instruction sets that decide llama.cpp's kernels (a VM's model name may not tell them)
+CPU_FEATURES = (
+    "avx2", "avx_vnni", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16",
+)
 
+
+def hardware_info(settings) -> dict:
+    from ..engine import cpu_flags, supports_gpu_offload, system_info
+
+    flags = cpu_flags()
     return {
         "cpu": cpu_model(),
+        "cpu_features": [f for f in CPU_FEATURES if f in flags],
         "cpu_cores": os.cpu_count(),
         "machine": platform.machine(),
         "gpus": gpu_names(),

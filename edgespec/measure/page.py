@@ -152,6 +152,16 @@ def instruction_sets(doc: dict) -> str:
     return ", ".join(sets) or "not recorded"
 
 
+def cpu_features(hardware: dict) -> str:
+    """" (AVX2, AVX-512)" or " (AVX2, no AVX-512)": what the CPU itself has, where the run recorded it
+    (a virtual machine's model name, "AMD EPYC", may not tell)."""
+    flags = hardware.get("cpu_features")
+    if flags is None:
+        return ""
+    avx2 = "AVX2" if "avx2" in flags else "no AVX2"
+    return f" ({avx2}, {'AVX-512' if 'avx512f' in flags else 'no AVX-512'})"
+
+
 def verify_cost(doc: dict, n: int = VERIFY_EXAMPLE) -> float | None:
     """c_t(n) / c_t(1) from the run's cost profile (None when the run measured none)."""
     target = (doc.get("cost_profile") or {}).get("target") or {}
@@ -219,8 +229,8 @@ def _machine_section(machine: Machine, runs: list[tuple[Run, dict]], root: Path,
     lines = [
         f"## {machine.title}",
         "",
-        f"Recorded CPU `{hw['cpu']}`, {hw.get('cpu_cores')} cores, {hw.get('machine')}; llama.cpp built with "
-        f"{sets}; {amx}.",
+        f"Recorded CPU `{hw['cpu']}`{cpu_features(hw)}, {hw.get('cpu_cores')} cores, {hw.get('machine')}; "
+        f"llama.cpp built with {sets}; {amx}.",
     ]
     if machine.note:
         lines += ["", machine.note.strip()]
