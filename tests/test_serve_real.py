@@ -24,6 +24,7 @@ KEY = "test-key"
 FLAGS = ["--ctx", "1024", "--threads", "1", "--strategy", "chain", "--max-tree-nodes", "16"]
 PROMPT = "Write a Python function that adds two numbers."
 MAX_TOKENS = 12
+STARTUP_LOG: list[str] = []  # what the server wrote to stderr until it listened
 
 
 def _edgespec(*argv: str, **kwargs):
@@ -40,6 +41,7 @@ def server():
     proc = _edgespec(*serve, *FLAGS, stderr=subprocess.PIPE)
     try:
         for line in proc.stderr:  # "edgespec: serving <pair> (chain) on http://127.0.0.1:PORT/v1"
+            STARTUP_LOG.append(line)
             if "serving" in line:
                 url = line.split(" on ")[-1].strip()
                 break
@@ -64,6 +66,14 @@ def generated() -> dict:
     argv = ["generate", PROMPT, "--json", "--max-tokens", str(MAX_TOKENS), "--seed", "1", *FLAGS]
     out, _ = _edgespec(*argv, stdout=subprocess.PIPE).communicate(timeout=300)
     return json.loads(out)
+
+
+def test_a_server_started_with_its_log_in_a_file_says_it_is_starting(server):
+    """Loading (and the first time, measuring the pair) takes a while: a log shows it began and ended."""
+    lines = [line for line in STARTUP_LOG if line.startswith("starting the server")]
+    assert lines[0] == "starting the server: started\n"
+    assert lines[-1].startswith("starting the server: done in ")
+    assert STARTUP_LOG.index(lines[-1]) == len(STARTUP_LOG) - 2  # then "serving …"
 
 
 def test_answers_equal_generate(client, generated):

@@ -133,6 +133,7 @@ def check(args) -> None:
 def run(args) -> int:
     import uvicorn
 
+    from ..measure.progress import progress_bar
     from ..server.app import create_app
     from ..server.guard import allowed_hosts, setup_logging
     from ..server.protocol import Defaults
@@ -148,10 +149,13 @@ def run(args) -> int:
             file=sys.stderr,
         )
     sock = _bind(args.host, args.port)  # before loading: a taken port fails in a second, not a minute
-    load = lambda: start_session(ChatBackend.from_args(args), prompt_cache=args.prompt_cache)  # noqa: E731
-    worker = Worker(load, max_queue=args.queue)
     try:
-        session = worker.start()
+        # loading the pair, and the first time on this machine measuring its costs (a minute or two)
+        with progress_bar("starting the server") as progress:
+            backend = ChatBackend.from_args(args)
+            load = lambda: start_session(backend, progress, prompt_cache=args.prompt_cache)  # noqa: E731
+            worker = Worker(load, max_queue=args.queue)
+            session = worker.start()
     except BaseException:
         sock.close()
         raise

@@ -268,6 +268,9 @@ def attach(
     with ExitStack() as stack:
         if (cached is None or (planner.wants_fit and fit is None)) and show_progress and progress is None:
             progress = stack.enter_context(progress_bar("measuring this pair (once; cached)"))
+        elif progress is not None:  # the caller's display: say which work this is
+            shown = progress
+            progress = lambda what, done, total: shown(f"measuring this pair (once): {what}", done, total)  # noqa: E731
         cached = cached or load_or_measure(pair, quick=True, progress=progress, home=home)
         ahead = getattr(pair.target.ctx, "remote", False)  # on RPC servers: the draft looks ahead meanwhile
         planner.use_costs(replace(cached.model(pair.max_nodes - 1), look_ahead=ahead))
