@@ -37,7 +37,8 @@ def progress_bar(title: str, console=None) -> Iterator[Progress]:
         task = bar.add_task(title, total=None)
 
         def update(what: str, done: int, total: int) -> None:
-            bar.update(task, description=f"{title}: {what}", completed=done, total=total)
+            # total 0: a stage of unknown length (a pulsing bar, not a full one)
+            bar.update(task, description=f"{title}: {what}", completed=done, total=total or None)
 
         yield update
 
