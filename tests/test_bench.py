@@ -89,6 +89,31 @@ def test_runs_are_interleaved_per_prompt_and_match_plain(fake_bench):
     assert calls[-1][1] == calls[-1][2] == 2 * 9 + 1  # progress reached its total (runs + warm-up)
 
 
+def _stopped_at(prompt: str):
+    """A progress callback that presses Ctrl-C when the bench reaches ``prompt``'s second run."""
+
+    def progress(what: str, done: int, total: int) -> None:
+        if what == f"{prompt}: chain:2":
+            raise KeyboardInterrupt
+
+    return progress
+
+
+def test_a_bench_stopped_with_ctrl_c_keeps_the_prompts_it_finished():
+    run = lambda progress: run_bench(  # noqa: E731
+        FakePair(n_seq=33), CASES, _variants(), BenchConfig(max_tokens=24, warmup_tokens=3),
+        progress=progress, tokenize=lambda case: TOKENS[case.name],
+    )
+    result = run(_stopped_at("t/two"))
+    assert [pr.case.name for pr in result.prompts] == ["t/one"] and result.stopped and result.of_prompts == 2
+    assert len(result.prompts[0].runs) == 9  # whole: every strategy between its two plain runs
+    entries = {e["key"]: e for e in summarise(result)["results"]}
+    assert entries["auto"]["speedup"] > 0 and entries["chain:2"]["tokens"] == 24
+    with pytest.raises(KeyboardInterrupt):  # nothing finished: nothing to report
+        run(_stopped_at("t/one"))
+    assert not run(None).stopped
+
+
 def test_summary_has_one_entry_per_strategy_with_paired_ratios(fake_bench):
     result, _ = fake_bench
     summary = summarise(result)

@@ -210,7 +210,8 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
                 "top_p": args.top_p,
                 "seed": config.seed,
                 "prompts": args.prompts,
-                "prompt_names": [c.name for c in cases],
+                "prompt_names": [p.case.name for p in result.prompts],  # fewer when stopped early
+                "stopped_early": result.stopped,
                 "strategies": [v.key for v in variants],
                 "repeats": {v.key: v.repeats for v in variants},
                 "warmup_tokens": args.warmup_tokens,
@@ -229,6 +230,12 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
     if args.plot:
         report.plot(doc, args.plot)
         console.print(f"[dim]wrote {args.plot}[/dim]")
+    if result.stopped:  # Ctrl-C: what was measured is kept, and the exit status says it was cut short
+        console.print(
+            f"[yellow]stopped after {len(result.prompts)} of {result.of_prompts} prompts: the figures above"
+            f"{' and the files written' if args.json or args.plot else ''} cover those prompts only[/yellow]"
+        )
+        return 130
     return 0
 
 

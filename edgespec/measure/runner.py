@@ -123,6 +123,11 @@ class BenchResult:
     variants: list[Variant]
     prompts: list[PromptResult]
     warmup_seconds: float = 0.0
+    of_prompts: int = 0  # prompts asked for; more than ``len(prompts)`` when stopped (Ctrl-C) early
+
+    @property
+    def stopped(self) -> bool:
+        return len(self.prompts) < self.of_prompts
 
 
 def schedule(
@@ -182,7 +187,9 @@ def run_bench(
 ) -> BenchResult:
     """Warm up every variant once, then run each prompt in the interleaved order of ``schedule``.
 
-    ``tokenize`` turns a prompt into token ids (default: the target's chat template)."""
+    ``tokenize`` turns a prompt into token ids (default: the target's chat template). Stopped (Ctrl-C)
+    after one or more prompts, it returns those whole (the prompt under way is dropped: its runs are
+    paired only with each other); stopped before, it raises ``KeyboardInterrupt``."""
     keys, repeats = [v.key for v in variants], [v.repeats for v in variants]
     planners = {v.key: v.planner for v in variants}
     planners[PLAIN] = None
@@ -209,23 +216,27 @@ def run_bench(
     warmup = perf_counter() - start
     tick("warm-up")
     results: list[PromptResult] = []
-    for index, (case, prompt) in enumerate(zip(cases, prompts)):
-        t0 = perf_counter()
-        pair.target.sync(prompt[:-1])
-        t1 = perf_counter()
-        pair.draft.sync(prompt)
-        t2 = perf_counter()
-        result = PromptResult(case, len(prompt), t1 - t0, t2 - t1)
-        sampling = _sampling_for(config, index)
-        for key in schedule(keys, index, repeats):
-            if progress is not None:
-                progress(f"{case.name}: {key}", done, total)
-            result.runs.append(
-                timed_run(pair, planners[key], key, case.name, prompt, config.max_tokens, sampling)
-            )
-            tick(f"{case.name}: {key}")
-        results.append(result)
-    return BenchResult(config, list(variants), results, warmup)
+    try:
+        for index, (case, prompt) in enumerate(zip(cases, prompts)):
+            t0 = perf_counter()
+            pair.target.sync(prompt[:-1])
+            t1 = perf_counter()
+            pair.draft.sync(prompt)
+            t2 = perf_counter()
+            result = PromptResult(case, len(prompt), t1 - t0, t2 - t1)
+            sampling = _sampling_for(config, index)
+            for key in schedule(keys, index, repeats):
+                if progress is not None:
+                    progress(f"{case.name}: {key}", done, total)
+                result.runs.append(
+                    timed_run(pair, planners[key], key, case.name, prompt, config.max_tokens, sampling)
+                )
+                tick(f"{case.name}: {key}")
+            results.append(result)
+    except KeyboardInterrupt:
+        if not results:
+            raise
+    return BenchResult(config, list(variants), results, warmup, of_prompts=len(cases))
 
 
 def _chat_tokens(pair, case: PromptCase, max_tokens: int) -> list[int]:
