@@ -12,6 +12,7 @@ from hubserver import HubServer
 from huggingface_hub import constants as hf_constants
 
 from edgespec.errors import ModelStoreError
+from edgespec.models.paths import format_bytes
 from edgespec.models.store import ModelStore
 
 REPO = "test/tiny-GGUF"
@@ -64,6 +65,18 @@ def test_pull_shows_a_progress_bar_on_stderr(hub, edgespec_env, capsys):
     register_tiny(edgespec_env, sha256(DATA))
     ModelStore().pull("tiny")
     assert "download tiny" in capsys.readouterr().err
+
+
+def test_a_log_gets_a_downloads_start_and_end_as_lines(hub, edgespec_env, capsys):
+    """stderr is not a terminal here (a Docker or CI log): a bar would show nothing until the end."""
+    hub.add(REPO, "tiny.gguf", DATA)
+    register_tiny(edgespec_env, sha256(DATA))
+    ModelStore().pull("tiny")
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("download tiny: ")]
+    size = format_bytes(len(DATA))
+    assert lines[0].startswith("download tiny: 0 B of ") or lines[0].startswith(f"download tiny: {size} of ")
+    assert lines[-1].startswith(f"download tiny: {size} of {size} (")
+    assert len(lines) <= 3  # start, end, and one line per LOG_EVERY_S between
 
 
 def test_the_hubs_sha256_is_checked_when_models_toml_has_none(hub, edgespec_env):

@@ -7,8 +7,8 @@ import io
 import pytest
 from rich.console import Console
 
-from edgespec.measure import progress
-from edgespec.measure.progress import progress_bar
+from edgespec import progress
+from edgespec.progress import progress_bar
 
 
 def test_a_log_gets_a_line_when_the_work_starts_while_it_runs_and_when_it_ends(monkeypatch):

@@ -164,8 +164,8 @@ def run(args) -> int:
 
 def _bench(args: argparse.Namespace, console: Console) -> int:
     from ..measure import BenchConfig, costs, document, report, run_bench, summarise
-    from ..measure.progress import progress_bar
     from ..measure.prompts import load_prompts
+    from ..progress import progress_bar
 
     cases = load_prompts(args.prompts)
     parse_variants(args.strategies, args.budgets, args.repeats)  # fail on typos before loading the models

@@ -133,7 +133,7 @@ def check(args) -> None:
 def run(args) -> int:
     import uvicorn
 
-    from ..measure.progress import progress_bar
+    from ..progress import progress_bar
     from ..server.app import create_app
     from ..server.guard import allowed_hosts, setup_logging
     from ..server.protocol import Defaults

@@ -12,9 +12,9 @@ from rich.console import Console
 from .. import options
 from ..errors import EdgespecError
 from ..measure import tune as tuning
-from ..measure.progress import progress_bar
 from ..models.paths import decision_model_path
 from ..planner.earlystop import DecisionModel
+from ..progress import progress_bar
 from ..strategy import StrategyChoice, make_planner
 
 VARIANTS = ("off", "threshold", "model", "target-init")  # plain decoding always runs too

@@ -39,7 +39,7 @@ from ..models.paths import home_dir
 from ..models.store import model_identity
 from ..planner.costmodel import CostModel
 from ..planner.tree import TreeBuilder, chain_tree
-from .progress import Progress, progress_bar
+from ..progress import Progress, progress_bar
 
 PROFILE_VERSION = 3  # 3: over RPC every target size warmed first; 2: every size up to 33, dips kept
 SIZES = (*range(1, 34), 40, 48, 56, 64)  # target verify and draft level sizes

@@ -27,6 +27,7 @@ from rich.progress import (
 )
 
 from ..errors import ModelStoreError
+from ..progress import LogLines
 from . import bundled, download
 from .paths import ProgressCallback, format_bytes, home_dir, require_free_space, sha256_file
 from .registry import ModelSpec, PairSpec, Registry, load_registry, looks_like_path
@@ -318,6 +319,10 @@ def _reporter(enabled: bool) -> Iterator[Reporter]:
     if not enabled:
         yield lambda label: _ignore
         return
+    console = Console(stderr=True)
+    if not console.is_terminal:  # a log (Docker, CI): plain lines, where a bar shows nothing till the end
+        yield lambda label: _logged(LogLines(label, console))
+        return
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),
@@ -325,7 +330,7 @@ def _reporter(enabled: bool) -> Iterator[Reporter]:
         TransferSpeedColumn(),
         TimeRemainingColumn(),
     )
-    with Progress(*columns, console=Console(stderr=True)) as bar:
+    with Progress(*columns, console=console) as bar:
 
         def report(label: str) -> ProgressCallback:
             tasks = []  # the bar appears with the first report, not before (e.g. while the hub is asked)
@@ -338,6 +343,21 @@ def _reporter(enabled: bool) -> Iterator[Reporter]:
             return update
 
         yield report
+
+
+def _logged(lines: LogLines) -> ProgressCallback:
+    """A step's progress as log lines: when it starts, every ``LOG_EVERY_S`` seconds, when it ends."""
+    said = {"start": False, "end": False}
+
+    def update(done: int, total: int) -> None:
+        ended = bool(total) and done >= total
+        if said["end"] or not (lines.due() or not said["start"] or ended):
+            return
+        said["start"], said["end"] = True, ended
+        of = f" of {format_bytes(total)}" if total else ""
+        lines.say(f"{format_bytes(done)}{of} ({lines.elapsed:.0f} s)")
+
+    return update
 
 
 def _ignore(done: int, total: int) -> None:

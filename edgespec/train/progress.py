@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from time import monotonic
+
+from ..progress import LogLines
 
 LOG_EVERY_S = 30.0
 
@@ -49,16 +50,13 @@ def progress(title: str, total: int, done: int = 0) -> Iterator[Callable[[int, s
 
 
 def _log_lines(console, title: str, total: int, first: int) -> Callable[[int, str], None]:
-    start, last = monotonic(), [0.0]
+    lines = LogLines(title, console, every=LOG_EVERY_S)
 
     def update(completed: int, status: str = "") -> None:
-        now = monotonic()
-        if now - last[0] < LOG_EVERY_S and completed < total:
+        if not lines.due() and completed < total:
             return
-        last[0] = now
-        rate = (completed - first) / max(now - start, 1e-9)
+        rate = (completed - first) / max(lines.elapsed, 1e-9)
         eta = (total - completed) / rate if rate > 0 else float("nan")
-        console.print(f"{title} {completed}/{total} elapsed {now - start:.0f}s ETA {eta:.0f}s {status}",
-                      highlight=False, soft_wrap=True)
+        lines.say(f"{completed}/{total} elapsed {lines.elapsed:.0f}s ETA {eta:.0f}s {status}")
 
     return update
