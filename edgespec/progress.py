@@ -18,17 +18,18 @@ LOG_EVERY_S = 15.0
 class LogLines:
     """Progress lines for a log, each ``"<title>: <text>"``; ``due()`` paces them."""
 
-    def __init__(self, title: str, console, every: float | None = None):
+    def __init__(self, title: str, console, every: float | None = None, at_once: bool = False):
         self.title, self.console = title, console
         self.every = LOG_EVERY_S if every is None else every
-        self.started = self._last = monotonic()
+        self.started = monotonic()
+        self._last = self.started - self.every if at_once else self.started  # when the last line was due
 
     @property
     def elapsed(self) -> float:
         return monotonic() - self.started
 
     def due(self) -> bool:
-        """True at most once every ``every`` seconds (not right at the start)."""
+        """True at most once every ``every`` seconds (at the first call too when ``at_once``)."""
         now = monotonic()
         if now - self._last < self.every:
             return False

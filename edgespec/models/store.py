@@ -321,7 +321,7 @@ def _reporter(enabled: bool) -> Iterator[Reporter]:
         return
     console = Console(stderr=True)
     if not console.is_terminal:  # a log (Docker, CI): plain lines, where a bar shows nothing till the end
-        yield lambda label: _logged(LogLines(label, console))
+        yield lambda label: _logged(LogLines(label, console, at_once=True))
         return
     columns = (
         TextColumn("{task.description}"),
@@ -347,15 +347,15 @@ def _reporter(enabled: bool) -> Iterator[Reporter]:
 
 def _logged(lines: LogLines) -> ProgressCallback:
     """A step's progress as log lines: when it starts, every ``LOG_EVERY_S`` seconds, when it ends."""
-    said = {"start": False, "end": False}
+    ended = [False]
 
     def update(done: int, total: int) -> None:
-        ended = bool(total) and done >= total
-        if said["end"] or not (lines.due() or not said["start"] or ended):
+        if ended[0]:
             return
-        said["start"], said["end"] = True, ended
-        of = f" of {format_bytes(total)}" if total else ""
-        lines.say(f"{format_bytes(done)}{of} ({lines.elapsed:.0f} s)")
+        ended[0] = bool(total) and done >= total
+        if lines.due() or ended[0]:
+            of = f" of {format_bytes(total)}" if total else ""
+            lines.say(f"{format_bytes(done)}{of} ({lines.elapsed:.0f} s)")
 
     return update
 

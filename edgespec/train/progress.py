@@ -50,7 +50,7 @@ def progress(title: str, total: int, done: int = 0) -> Iterator[Callable[[int, s
 
 
 def _log_lines(console, title: str, total: int, first: int) -> Callable[[int, str], None]:
-    lines = LogLines(title, console, every=LOG_EVERY_S)
+    lines = LogLines(title, console, every=LOG_EVERY_S, at_once=True)  # the first update at once
 
     def update(completed: int, status: str = "") -> None:
         if not lines.due() and completed < total:
