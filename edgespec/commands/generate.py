@@ -14,6 +14,8 @@ from ..engine.limits import check_engine
 from ..errors import EdgespecError
 from ..strategy import make_planner, needs_draft
 
+STDIN_MAX_BYTES = 64 * 2**20  # --ctx's most tokens (2**24) at ~4 bytes a token
+
 
 def register(sub) -> None:
     p = sub.add_parser(
@@ -36,7 +38,22 @@ def read_prompt(given: str) -> str:
     """The prompt argument, or standard input for '-' (UTF-8; anything else is refused, not mangled)."""
     if given != "-":
         return given
-    data = sys.stdin.buffer.read()
+    stdin = getattr(sys.stdin, "buffer", None)
+    if stdin is None:  # `edgespec generate - <&-`: no standard input at all
+        raise EdgespecError(
+            "the prompt is '-' but standard input is closed; pipe the prompt in, or give it as an argument."
+        )
+    try:
+        data = stdin.read(STDIN_MAX_BYTES + 1)
+    except OSError as exc:  # e.g. `< /some/directory`
+        raise EdgespecError(
+            f"standard input cannot be read ({exc.strerror or exc}); pipe the prompt in from a file."
+        ) from None
+    if len(data) > STDIN_MAX_BYTES:
+        raise EdgespecError(
+            f"standard input is longer than {STDIN_MAX_BYTES // 2**20} MiB, more than any context window "
+            "holds; send a shorter prompt."
+        )
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -57,8 +74,7 @@ def run(args) -> int:
     prompt = read_prompt(args.prompt)
     checks.check_text(prompt, "the prompt")
     checks.check_text(args.system, "--system")
-    for stop in args.stop:
-        checks.check_text(stop, "--stop")
+    checks.check_stops(args.stop, "--stop")
     check_engine(options.engine_settings(args))  # --ctx, --max-tree-nodes …: before anything loads
     resolved, pair = options.load(args, need_draft=needs_draft(args.strategy))
     with pair:

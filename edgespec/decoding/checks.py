@@ -15,6 +15,10 @@ TEMPERATURE_MAX = 2.0  # OpenAI's range: 0 (greedy) to 2
 MAX_TOKENS_MAX = 1_000_000
 TOP_K_MAX = 1_000_000
 SEED_MAX = 2**64 - 1  # numpy's generators take any non-negative integer; llama.cpp's seeds are 64-bit
+# Stop strings: OpenAI takes 4; clients send a few short ones ("\n\n", "```", "</s>"). Matching is
+# linear in the text and holds back up to the longest one, so both are bounded, far above any use.
+MAX_STOPS = 16
+MAX_STOP_CHARS = 4096
 
 
 class SettingError(EdgespecError, ValueError):
@@ -91,3 +95,19 @@ def check_text(text: str, what: str) -> None:
             f"{what} is not valid Unicode (a lone surrogate {text[exc.start]!a} at character {exc.start}); "
             "send UTF-8 text.",
         ) from None
+
+
+def check_stops(stops, what: str = "stop") -> None:
+    """At most ``MAX_STOPS`` stop strings, each non-empty valid text of at most ``MAX_STOP_CHARS``."""
+    if len(stops) > MAX_STOPS:
+        raise SettingError(what, f"{what} holds {len(stops)} strings; at most {MAX_STOPS} are taken.")
+    for i, text in enumerate(stops):
+        where = f"{what}[{i}]" if what == "stop" else what
+        if not isinstance(text, str) or not text:
+            raise SettingError(what, f"{where} must be a non-empty string.")
+        if len(text) > MAX_STOP_CHARS:
+            raise SettingError(
+                what,
+                f"{where} is {len(text)} characters long; a stop string may have at most {MAX_STOP_CHARS}.",
+            )
+        check_text(text, where)

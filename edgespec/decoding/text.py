@@ -2,64 +2,93 @@
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Callable, Sequence
 
 
 class Detokenizer:
-    """Incremental detokenisation that never splits a multi-byte UTF-8 character.
+    """Incremental detokenisation that never splits a multi-byte UTF-8 character and never raises.
 
-    Token pieces are bytes; a character may straddle two tokens (emoji, CJK). Bytes that do not yet
-    form a complete character are held back until the next token completes them.
+    Token pieces are bytes; a character may straddle two tokens (emoji, CJK): Python's incremental
+    UTF-8 decoder holds the bytes of an incomplete character until the next token completes them, and
+    writes U+FFFD for bytes no character can begin with (a model may emit any token sequence: a lone
+    continuation byte, an overlong or surrogate encoding).
     """
 
     def __init__(self, piece: Callable[[int], bytes]):
         self._piece = piece
-        self._held = b""
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def push(self, token: int) -> str:
-        data = self._held + self._piece(token)
-        cut = _complete_prefix(data)
-        self._held = data[cut:]
-        return data[:cut].decode("utf-8")
+        return self._decoder.decode(self._piece(token))
 
     def flush(self) -> str:
         """Whatever is held at the end (an incomplete character is shown as U+FFFD)."""
-        data, self._held = self._held, b""
-        return data.decode("utf-8", errors="replace")
+        text = self._decoder.decode(b"", final=True)
+        self._decoder.reset()
+        return text
 
 
-def _complete_prefix(data: bytes) -> int:
-    """Length of the longest prefix of ``data`` that ends on a character boundary."""
-    end = len(data)
-    # Look at most 3 bytes back for the lead byte of a trailing, possibly incomplete character.
-    for back in range(1, min(4, end) + 1):
-        byte = data[end - back]
-        if byte & 0xC0 == 0x80:  # continuation byte: keep looking for the lead byte
-            continue
-        need = 1 if byte < 0x80 else 2 if byte >> 5 == 0b110 else 3 if byte >> 4 == 0b1110 else 4
-        return end if back >= need else end - back
-    return end  # no lead byte within reach: invalid bytes, let the decoder deal with them
+class _StopMatcher:
+    """Knuth–Morris–Pratt over the stream for one stop string: ``state`` is the length of the longest
+    prefix of ``stop`` that the text fed so far ends with. Each character moves the state forward by
+    one or falls back along ``fail``; the fallbacks never outnumber the forward moves, so the cost is
+    linear in the text fed, whatever the stop string's length."""
+
+    def __init__(self, stop: str):
+        self.stop = stop
+        # fail[k]: the longest proper prefix of stop[:k+1] that is also its suffix
+        self.fail = [0] * len(stop)
+        k = 0
+        for i in range(1, len(stop)):
+            while k and stop[i] != stop[k]:
+                k = self.fail[k - 1]
+            if stop[i] == stop[k]:
+                k += 1
+            self.fail[i] = k
+        self.state = 0
+
+    def feed(self, text: str) -> int:
+        """Where in ``text`` the first whole stop string ends (just past it), or -1."""
+        stop, fail, k = self.stop, self.fail, self.state
+        for i, char in enumerate(text):
+            while k and stop[k] != char:
+                k = fail[k - 1]
+            if stop[k] == char:
+                k += 1
+                if k == len(stop):
+                    self.state = k
+                    return i + 1
+        self.state = k
+        return -1
 
 
 class StopStrings:
-    """Cuts the stream at the first stop string, holding back text that might begin one."""
+    """Cuts the stream at the first stop string, holding back text that might begin one.
+
+    Linear in the text added: each stop string's matcher reads only the new text, and what is held
+    back is at most the longest stop string less one character (``limits``: how long that may be)."""
 
     def __init__(self, stops: Sequence[str]):
         self.stops = [s for s in stops if s]
+        self._matchers = [_StopMatcher(s) for s in self.stops]
         self._pending = ""
         self.stopped = False
 
     def feed(self, text: str) -> str:
         """Returns the text that is safe to show now."""
-        if not self.stops:
-            return text
+        if not self.stops or self.stopped:
+            return "" if self.stopped else text
         buf = self._pending + text
-        hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
-        if hits:
+        # a match ending at end_in_text began len(stop) characters earlier in buf (pending ⊂ buf)
+        starts = [
+            len(self._pending) + end - len(m.stop) for m in self._matchers if (end := m.feed(text)) >= 0
+        ]
+        if starts:
             self.stopped = True
             self._pending = ""
-            return buf[: min(hits)]
-        hold = max((k for s in self.stops for k in range(1, len(s)) if buf.endswith(s[:k])), default=0)
+            return buf[: min(starts)]
+        hold = max(m.state for m in self._matchers)  # the longest tail that may still begin a stop
         self._pending = buf[len(buf) - hold :] if hold else ""
         return buf[: len(buf) - hold]
 
