@@ -15,6 +15,7 @@ from time import perf_counter
 
 import numpy as np
 
+from ..engine.interrupts import Cancelled
 from ..engine.rows import argmax_margin, draft_dists
 from ..planner.tree import DraftTree, PlanContext, Planner, SparseDist, TreeBuilder
 from .events import EmittedToken, Provenance, StepEvent, StepTimings
@@ -55,7 +56,11 @@ def generate(
         # over RPC the draft catches up and guesses past the prompt while the target decodes it
         meanwhile = _look_ahead(pair.draft, planner, pair.target, TreeBuilder(root).freeze())
     # The prompt's new part in one target decode, its last token with logits: the first token's row.
-    first_row, cached = pair.target.prefill(request.prompt, meanwhile)
+    try:
+        first_row, cached = pair.target.prefill(request.prompt, meanwhile, cancel)
+    except Cancelled:  # the client left during the prompt: the model is free for the next one at once
+        yield _finish("cancelled", "")
+        return
     prefill = perf_counter() - start
     detok = Detokenizer(pair.target.model.piece)
     stops = StopStrings(request.stop)
@@ -151,7 +156,13 @@ def first_token(pair, planner: Planner | None, root: int, row, params: SamplingP
     seconds = perf_counter() - start
     timings = StepTimings(bookkeeping=seconds, python=seconds)  # its decode is the prompt's (prefill)
     event = StepEvent(
-        tokens=emitted, text="", drafted=0, accepted=0, timings=timings, tree=tree, accepted_path=(0,),
+        tokens=emitted,
+        text="",
+        drafted=0,
+        accepted=0,
+        timings=timings,
+        tree=tree,
+        accepted_path=(0,),
         leaves=1,
     )
     return _Step(emitted, token, event)

@@ -1,4 +1,5 @@
-"""Ctrl-C while llama.cpp works inside one long C call (loading a model, creating a context).
+"""Stopping long work: a decode whose client left (``Cancelled``), and Ctrl-C while llama.cpp works
+inside one long C call (loading a model, creating a context).
 
 Python runs a signal handler only between bytecodes; during a load that is inside llama.cpp's log
 callback, where a ``KeyboardInterrupt`` cannot propagate: ctypes prints "Exception ignored on calling
@@ -12,6 +13,10 @@ import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+
+class Cancelled(Exception):
+    """A cancellable decode (``CachedModel.decode_committed``) stopped: its cancel event was set."""
 
 
 @contextmanager

@@ -17,7 +17,13 @@ import numpy as np
 
 from ..planner.tree import DraftTree
 from ._llama import Context
+from .interrupts import Cancelled
 from .layout import TreeLayout, tree_layout
+
+# Tokens a cancellable decode (a prompt a client may abandon) takes at a time: a client that leaves
+# frees the model within one chunk's decode. Chunks of 128 cost no measurable prompt speed on a CPU
+# (docs/security.md); 512 would be the whole of most prompts.
+CANCEL_CHUNK = 128
 
 
 class CachedModel:
@@ -52,11 +58,17 @@ class CachedModel:
         del self.committed[keep:]
         return keep
 
-    def decode_committed(self, tokens: Sequence[int], want_last: bool, meanwhile=None) -> np.ndarray | None:
+    def decode_committed(
+        self, tokens: Sequence[int], want_last: bool, meanwhile=None, cancel=None
+    ) -> np.ndarray | None:
         """Decode a chain of tokens into the committed prefix (every tagged sequence id); returns the last
-        token's logits row when asked. ``meanwhile``: as ``Context.decode``'s, for the last chunk."""
-        step = self.ctx.settings.n_batch
+        token's logits row when asked. ``meanwhile``: as ``Context.decode``'s, for the last chunk.
+        ``cancel`` (an event): checked before each chunk of ``CANCEL_CHUNK`` tokens; once set, what is
+        decoded stays committed and ``Cancelled`` is raised."""
+        step = self.ctx.settings.n_batch if cancel is None else min(CANCEL_CHUNK, self.ctx.settings.n_batch)
         for start in range(0, len(tokens), step):
+            if cancel is not None and cancel.is_set():
+                raise Cancelled
             chunk = tokens[start : start + step]
             base = len(self.committed)
             final = start + step >= len(tokens)
@@ -121,13 +133,13 @@ class Target(CachedModel):
         self.verify_seconds = 0.0  # the last tree's verify (what a look-ahead may overlap)
         self.plain_seconds = 0.0  # the last plain decode's (``decode_root``)
 
-    def prefill(self, prompt: Sequence[int], meanwhile=None) -> tuple[np.ndarray, int]:
+    def prefill(self, prompt: Sequence[int], meanwhile=None, cancel=None) -> tuple[np.ndarray, int]:
         """Hold ``prompt``, keeping the longest prefix of ``prompt[:-1]`` already held and decoding the
-        rest in one go, its last token with logits: returns that row (the distribution of the reply's
-        first token; valid until the next decode) and how many tokens were kept. ``meanwhile``: as
+        rest, its last token with logits: returns that row (the distribution of the reply's first token;
+        valid until the next decode) and how many tokens were kept. ``meanwhile``, ``cancel``: as
         ``decode_committed``'s."""
         keep = self.keep_prefix(prompt[:-1])
-        return self.decode_committed(prompt[keep:], want_last=True, meanwhile=meanwhile), keep
+        return self.decode_committed(prompt[keep:], want_last=True, meanwhile=meanwhile, cancel=cancel), keep
 
     def decode_root(self, root: int, meanwhile=None) -> np.ndarray:
         """Plain decoding: the root alone, straight into the committed prefix (``meanwhile``: as for
