@@ -21,6 +21,7 @@ import numpy as np
 from ..errors import EngineError
 from ._backend import _ensure_backend, amx_guard
 from .gguf_header import n_layers
+from .plain_text import as_text
 
 if TYPE_CHECKING:
     from ._lora import LoraAdapter
@@ -140,7 +141,8 @@ class Model:
             cap = -n
             buf = (C.llama_token * cap)()
             n = C.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
-        return list(buf[:n])
+        # without special-token parsing, text is text: even the added tokens it spells (plain_text.py)
+        return list(buf[:n]) if parse_special else as_text(self, text, list(buf[:n]), add_special)
 
     def piece(self, token: int, special: bool = False) -> bytes:
         self._live()
