@@ -250,7 +250,8 @@ class PairEngine:
     def _continue(self, planner, tokens, settings, cancel, stats) -> Iterator[StepEvent]:
         from .decoding.chat import stream_tokens
 
-        self.cache.prepare(tokens)  # a saved conversation that shares more of the prompt comes back
+        # a saved conversation of the same scope that shares more of the prompt comes back
+        self.cache.prepare(tokens, settings.cache_scope)
         try:
             yield from stream_tokens(self.pair, planner, tokens, settings, cancel, stats)
         except Exception:

@@ -265,19 +265,20 @@ def test_7_cancelled_waiting_jobs_give_their_place_up():
 def test_5_the_key_comes_from_a_file_or_the_environment(tmp_path, monkeypatch, capsys):
     from argparse import Namespace
 
-    from edgespec.commands.serve import api_key
+    from edgespec.commands.serve import api_keys
 
     keyfile = tmp_path / "key"
     keyfile.write_text("from-file\n")
+    keyfile.chmod(0o600)
     monkeypatch.setenv("EDGESPEC_API_KEY", "from-env")
-    assert api_key(Namespace(api_key_file=str(keyfile), api_key=None)) == "from-file"
-    assert api_key(Namespace(api_key_file=None, api_key=None)) == "from-env"
+    assert api_keys(Namespace(api_key_file=[str(keyfile)], api_key=None)) == ("from-file",)
+    assert api_keys(Namespace(api_key_file=[], api_key=None)) == ("from-env",)
     assert capsys.readouterr().err == ""
-    assert api_key(Namespace(api_key_file=None, api_key="typed")) == "typed"
+    assert api_keys(Namespace(api_key_file=[], api_key="typed")) == ("typed",)
     assert "visible to every user" in capsys.readouterr().err
     with pytest.raises(EdgespecError, match="empty"):
         (tmp_path / "empty").write_text("\n")
-        api_key(Namespace(api_key_file=str(tmp_path / "empty"), api_key=None))
+        api_keys(Namespace(api_key_file=[str(tmp_path / "empty")], api_key=None))
 
 
 def test_prompt_building_is_linear_and_keeps_message_text(tiny_gguf, tmp_path):

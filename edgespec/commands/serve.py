@@ -35,8 +35,11 @@ def register(sub) -> None:
     p.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 picks a free one)")
     p.add_argument(
         "--api-key-file",
+        action="append",
+        default=[],
         metavar="PATH",
-        help=f"require 'Authorization: Bearer KEY' with the key in this file (or set ${KEY_ENV})",
+        help=f"require 'Authorization: Bearer KEY' with the key in this file (or set ${KEY_ENV}); "
+        "repeatable: one key per user, each with a prompt cache of its own",
     )
     p.add_argument(
         "--api-key",
@@ -93,24 +96,53 @@ def register(sub) -> None:
     p.set_defaults(run=run)
 
 
-def api_key(args) -> str | None:
-    """The key from --api-key-file, $EDGESPEC_API_KEY or --api-key (the last with a warning)."""
+def api_keys(args) -> tuple[str, ...]:
+    """The keys from --api-key-file (each file one key), else --api-key (with a warning), else
+    $EDGESPEC_API_KEY; none: no key. Fails closed: a key source that is given but empty, or a key that
+    cannot be sent in a header, stops the server instead of starting it open."""
     if args.api_key_file:
-        try:
-            key = Path(args.api_key_file).read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise EdgespecError(f"cannot read --api-key-file {args.api_key_file}: {exc}.") from None
-        if not key:
-            raise EdgespecError(f"--api-key-file {args.api_key_file} is empty; write the key into it.")
-        return key
-    if args.api_key:
+        return tuple(_key_from_file(path) for path in args.api_key_file)
+    if args.api_key is not None:
+        key = _checked_key(args.api_key, "--api-key")
         print(
             f"edgespec: note: --api-key is visible to every user of this machine (ps); prefer ${KEY_ENV} "
             "or --api-key-file.",
             file=sys.stderr,
         )
-        return args.api_key
-    return os.environ.get(KEY_ENV) or None
+        return (key,)
+    if KEY_ENV in os.environ:  # set, even to nothing: `EDGESPEC_API_KEY=$(cat /missing)` must not run open
+        return (_checked_key(os.environ[KEY_ENV].strip(), f"${KEY_ENV}"),)
+    return ()
+
+
+def _key_from_file(path: str) -> str:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+        mode = os.stat(path).st_mode
+    except (OSError, UnicodeDecodeError) as exc:
+        raise EdgespecError(f"cannot read --api-key-file {path}: {exc}.") from None
+    key = _checked_key(text.strip(), f"--api-key-file {path}")
+    if mode & 0o077:
+        print(
+            f"edgespec: warning: the key file {path} may be read by other users of this machine "
+            f"(mode {mode & 0o777:o}); make it yours alone: chmod 600 {path}",
+            file=sys.stderr,
+        )
+    return key
+
+
+def _checked_key(key: str, source: str) -> str:
+    if not key:
+        raise EdgespecError(
+            f"{source} is empty: the server would run without a key. Put the key there (or leave it unset "
+            "to serve without one)."
+        )
+    if not all(33 <= ord(c) <= 126 for c in key):  # what a Bearer header can carry (RFC 6750)
+        raise EdgespecError(
+            f"the key in {source} holds a space, a line break or a non-ASCII character: no client can send "
+            "it in an Authorization header. Use one line of printable ASCII (e.g. `openssl rand -hex 32`)."
+        )
+    return key
 
 
 def check(args) -> None:
@@ -141,8 +173,8 @@ def run(args) -> int:
     from ..session import ChatBackend, start_session
 
     check(args)
-    key = api_key(args)
-    if args.host not in LOOPBACK and not key:
+    keys = api_keys(args)
+    if args.host not in LOOPBACK and not keys:
         print(
             f"edgespec: note: {args.host} is reachable from other machines and no API key is set "
             "(see docs/security.md).",
@@ -169,7 +201,7 @@ def run(args) -> int:
         special_tokens=args.special_tokens,
     )
     hosts = allowed_hosts(args.host, args.allow_host)
-    app = create_app(worker, defaults, session.strategy, key, hosts, args.max_body_bytes)
+    app = create_app(worker, defaults, session.strategy, keys, hosts, args.max_body_bytes)
     setup_logging()
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False)
     server = uvicorn.Server(config)

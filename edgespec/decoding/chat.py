@@ -50,6 +50,9 @@ class ChatSettings:
     special_tokens: bool = False  # parse special-token text (<|im_end|> …) inside messages as markup
     tools: tuple[dict, ...] = ()  # OpenAI function definitions ({"type": "function", "function": …})
     prefill: str = ""  # the answer's start, written for the model (a forced tool call's opening)
+    # whose prompt cache the answer may reuse (serve: the API key and the client's prompt_cache_key);
+    # another scope's cached text is never reused (engine/kv_cache.py)
+    cache_scope: tuple = ()
 
 
 def _system_and_turns(

@@ -17,6 +17,12 @@ other every turn; llama-server keeps their slots' KV in host RAM (``--cache-ram`
 
 Both models' caches travel together: the draft's KV is saved with the target's (its committed tokens
 may lag the target's by a few; ``Draft.sync`` catches up).
+
+**Scopes.** Each prompt comes with a scope (``edgespec serve``: the API key it was sent with and the
+client's ``prompt_cache_key`` or ``user``). A prompt reuses cells of its own scope only: the live
+conversation of another scope is saved and the contexts emptied before the prompt decodes, and saved
+conversations of other scopes are never compared with it. So neither the cached-token counts a client
+is told nor the time its prompt takes depend on another scope's text (docs/security.md).
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ class _Saved:
 
 @dataclass
 class _Conversation:
+    scope: tuple  # whose conversation it is: only prompts of the same scope reuse it
     target: _Saved
     draft: _Saved | None
     draft_weights: object  # the draft's adapter when saved: KV computed with other weights is useless
@@ -81,6 +88,7 @@ class PromptCache:
         self._saved: OrderedDict[int, _Conversation] = OrderedDict()  # oldest first
         self._next = 0
         self.saves = self.restores = 0
+        self.live_scope: tuple = ()  # the scope of the conversation the contexts hold
 
     @property
     def size(self) -> int:
@@ -100,23 +108,26 @@ class PromptCache:
             "restores": self.restores,
         }
 
-    def prepare(self, prompt: Sequence[int]) -> None:
-        """Before ``prompt`` is decoded: put back the saved conversation that shares the longest
-        prefix with it, if that is longer than what the contexts hold (saving theirs first)."""
-        if self.budget <= 0:
-            return
+    def prepare(self, prompt: Sequence[int], scope: tuple = ()) -> None:
+        """Before ``prompt`` (of ``scope``) is decoded: put back the saved conversation of the same
+        scope that shares the longest prefix with it, if that is longer than what the contexts hold
+        (saving theirs first); the contexts keep nothing of another scope's conversation."""
         target = self.pair.target
-        live = common_prefix(target.committed, prompt)
+        own = scope == self.live_scope
+        live = common_prefix(target.committed, prompt) if own else 0
         best, best_n = None, live
-        for key, conversation in self._saved.items():
-            n = common_prefix(conversation.target.tokens, prompt)
+        for key, conversation in self._saved.items() if self.budget > 0 else ():
+            n = common_prefix(conversation.target.tokens, prompt) if conversation.scope == scope else 0
             if n > best_n and self._usable(conversation):
                 best, best_n = key, n
         chosen = self._saved.pop(best) if best is not None else None  # before saving: not evicted
-        if len(target.committed) - live >= self.min_save:
+        if self.budget > 0 and len(target.committed) - live >= self.min_save:
             self._save_live(chosen)
         if chosen is not None:
             self._put_back(chosen)
+        elif not own:
+            self.pair.forget()  # another scope's prompt comes next: the contexts hold nothing
+        self.live_scope = scope
 
     def clear(self) -> None:
         self._saved.clear()
@@ -129,15 +140,16 @@ class PromptCache:
 
     def _save_live(self, chosen: _Conversation | None) -> None:
         target, draft = self.pair.target, self.pair.draft
-        tokens = tuple(target.committed)
+        tokens, scope = tuple(target.committed), self.live_scope
         others = [*self._saved.values(), *([chosen] if chosen is not None else [])]
-        if any(c.target.tokens[: len(tokens)] == tokens for c in others):
+        if any(c.scope == scope and c.target.tokens[: len(tokens)] == tokens for c in others):
             return  # a saved conversation continues this one: it serves every prompt this one would
-        for key in [k for k, c in self._saved.items() if tokens[: len(c.target.tokens)] == c.target.tokens]:
-            del self._saved[key]  # a prefix of the live conversation: it serves no prompt better
+        for key, c in list(self._saved.items()):
+            if c.scope == scope and tokens[: len(c.target.tokens)] == c.target.tokens:
+                del self._saved[key]  # a prefix of the live conversation: it serves no prompt better
         saved_target = _save(target)
         saved_draft = _save(draft) if draft is not None and draft.committed else None
-        conversation = _Conversation(saved_target, saved_draft, self._draft_weights())
+        conversation = _Conversation(scope, saved_target, saved_draft, self._draft_weights())
         if conversation.size > self.budget:
             return
         while self._saved and self.size + conversation.size > self.budget:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+from collections.abc import Sequence
+from dataclasses import replace
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -33,12 +35,14 @@ def create_app(
     worker: Worker,
     defaults: Defaults,
     strategy: str,
-    api_key: str | None = None,
+    api_key: str | Sequence[str] | None = None,
     hosts: frozenset[str] | None = None,
     max_body: int = DEFAULT_MAX_BODY,
 ) -> Starlette:
-    """``hosts``: the Host/Origin allow-list (``edgespec.server.guard``; default: loopback names);
+    """``api_key``: the key, or keys, a request must carry (each key its own prompt-cache scope);
+    ``hosts``: the Host/Origin allow-list (``edgespec.server.guard``; default: loopback names);
     ``max_body``: the largest request body in bytes."""
+    keys = (api_key,) if isinstance(api_key, str) else tuple(api_key or ())
 
     async def chat_completions(request: Request) -> Response:
         return await answer(request, protocol.chat_request, ChatAnswer)
@@ -58,6 +62,9 @@ def create_app(
             return Response(status_code=400)
         body = protocol.parse_body(raw)
         parsed = parse(body, defaults)
+        # the prompt cache's boundary: the key the request came with and the client's own cache key
+        scope = (getattr(request.state, "key", None), protocol.cache_key(body))
+        parsed = replace(parsed, settings=replace(parsed.settings, cache_scope=scope))
         loop = asyncio.get_running_loop()
         items: asyncio.Queue = asyncio.Queue()
 
@@ -101,6 +108,8 @@ def create_app(
         return JSONResponse({"object": "list", "data": [entry]})
 
     async def health(request: Request) -> Response:
+        if keys and getattr(request.state, "key", None) is None:
+            return JSONResponse({"status": "ok"})  # without the key: only that the server is up
         health = {"status": "ok", "model": defaults.model, "waiting": worker.waiting}
         cache_info = getattr(worker.session.engine, "cache_info", None) if worker.session else None
         if cache_info is not None:
@@ -139,22 +148,27 @@ def create_app(
         middleware=[
             Middleware(HostGuard, hosts=hosts or allowed_hosts("127.0.0.1"), on_error=api_error),
             Middleware(BodyLimit, limit=max_body, on_error=api_error),
-            *([Middleware(_BearerAuth, key=api_key, on_error=api_error)] if api_key else []),
+            *([Middleware(_BearerAuth, keys=keys, on_error=api_error)] if keys else []),
         ],
     )
 
 
 class _BearerAuth:
-    """Every request but /health must carry ``Authorization: Bearer <key>``, else 401."""
+    """Every request but /health must carry ``Authorization: Bearer <key>`` with one of the keys, else
+    401; which one (its index) goes into the request's state as ``key`` (/health: None without one)."""
 
-    def __init__(self, app, key: str, on_error):
-        self.app, self.key, self.on_error = app, key.encode(), on_error
+    def __init__(self, app, keys: Sequence[str], on_error):
+        self.app, self.on_error = app, on_error
+        self.expected = [b"Bearer " + key.encode() for key in keys]
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["path"] != "/health":
-            headers = dict(scope["headers"])
-            given = headers.get(b"authorization", b"")
-            if not hmac.compare_digest(given, b"Bearer " + self.key):
+        if scope["type"] == "http":
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            # every key compared, each in constant time: the time says nothing of which one matched
+            matches = [hmac.compare_digest(given, expected) for expected in self.expected]
+            key = matches.index(True) if any(matches) else None
+            scope.setdefault("state", {})["key"] = key
+            if key is None and scope["path"] != "/health":
                 error = ApiError(
                     401,
                     "missing or wrong API key: send the header 'Authorization: Bearer <key>' with the "

@@ -121,6 +121,7 @@ def chat_request(body: dict, defaults: Defaults) -> ChatRequest:
 def generation(body: dict, defaults: Defaults) -> dict:
     """The fields chat and text completions share: ``n``, ``max_tokens``, sampling, ``stop`` (as
     ``ChatSettings`` arguments)."""
+    check_unsupported(body)
     if _field(body, "n", int, 1) != 1:
         raise ApiError(400, "n must be 1: this server returns one choice per request.", "n")
     max_tokens = _field(body, "max_completion_tokens", int, None)
@@ -140,10 +141,34 @@ def generation(body: dict, defaults: Defaults) -> dict:
         stop = [stop]
     if not (isinstance(stop, list) and all(isinstance(s, str) and s for s in stop)):
         raise ApiError(400, "stop must be a string or a list of non-empty strings.", "stop")
-    for i, text in enumerate(stop):
-        _checked(checks.check_text, text, f"stop[{i}]")
+    _checked(checks.check_stops, stop)
     sampling = SamplingParams(temperature=temperature, top_k=d.top_k, top_p=top_p, seed=seed)
     return {"sampling": sampling, "max_tokens": max_tokens, "stop": tuple(stop)}
+
+
+MAX_CACHE_KEY = 256  # characters of a client's prompt_cache_key or user
+
+
+def cache_key(body: dict) -> str:
+    """The client's own prompt-cache key: OpenAI's ``prompt_cache_key``, else ``user`` ("": none).
+    Requests with different keys never reuse each other's cached prompts (docs/security.md)."""
+    for name in ("prompt_cache_key", "user"):
+        value = body.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, str) or len(value) > MAX_CACHE_KEY:
+            raise ApiError(400, f"{name} must be a string of at most {MAX_CACHE_KEY} characters.", name)
+        return value
+    return ""
+
+
+def check_unsupported(body: dict) -> None:
+    """Log-probabilities are not returned: asking for them is a 400, not a silent ``null``."""
+    for name in ("logprobs", "top_logprobs", "n_probs"):
+        value = body.get(name)
+        if value is None or value is False or (name != "logprobs" and value == 0):
+            continue
+        raise ApiError(400, f"{name} is not supported: this server returns no log-probabilities.", name)
 
 
 def check_model(body: dict, defaults: Defaults) -> None:
