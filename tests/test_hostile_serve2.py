@@ -258,7 +258,7 @@ def bundled(tmp_path_factory):
 
 @pytest.mark.model
 def test_5_a_client_that_leaves_during_its_prompt_frees_the_model(bundled):
-    words = " ".join(f"word{i}" for i in range(1500))  # ~3,000 prompt tokens: tens of seconds on 2 cores
+    words = " ".join(f"word{i}" for i in range(800))  # ~3,000 prompt tokens: 30-60 s on 2 cores
     long = {"messages": said(f"Summarise: {words}"), "max_tokens": 1}
 
     def abandon() -> None:
@@ -274,8 +274,11 @@ def test_5_a_client_that_leaves_during_its_prompt_frees_the_model(bundled):
     assert post(bundled, {"messages": said("Hi"), "max_tokens": 1}).status_code == 200
     took = time.monotonic() - start
     print(f"the next request answered {took:.1f} s after the first client left")
-    assert took < 8.0  # one chunk of the abandoned prompt at most, then its own short prompt
-    assert "Traceback" not in bundled.log_text()
+    # one chunk (128 tokens) of the abandoned prompt at most, then its own short prompt; the whole
+    # abandoned prompt took 30-60 s (and more on a busy machine)
+    assert took < 15.0
+    log = bundled.log_text()
+    assert "Traceback" not in log and " 400 " not in log  # (the long prompt fits: it was not refused)
 
 
 # 8. `<tool_call>` typed by a user or returned by a tool became the real tool-call token.
