@@ -9,11 +9,32 @@ import sys
 import numpy as np
 
 from edgespec.decoding.chat import ChatSettings, Message, prompt_tokens
+from edgespec.decoding.decoder import Request, generate
 from edgespec.engine.pair import EngineSettings
-from edgespec.measure import fit
-from edgespec.measure.fit import _draft_chain, _greedy_answer
 from edgespec.measure.prompts import load_prompts
 from edgespec.models.pairs import open_pair, resolve_pair
+from edgespec.planner.tree import TreeBuilder
+
+
+def greedy_answer(pair, prompt, max_tokens: int) -> list[int]:
+    """The target's greedy answer (plain decoding), as ``edgespec.measure.fit`` reads it."""
+    answer: list[int] = []
+    for event in generate(pair, None, Request(prompt=list(prompt), max_tokens=max_tokens)):
+        answer.extend(event.token_ids)
+    return answer
+
+
+def draft_chain(draft, prompt, answer):
+    """The draft's distribution before each answer token, the answer read as one chain."""
+    draft.sync(prompt)  # holds the prompt but its last token: the chain's root
+    draft.begin_step(1.0)
+    tree, node = TreeBuilder(int(prompt[-1])), 0
+    for token in answer:
+        (dist,) = draft.expand(tree, [node])
+        yield dist
+        node = tree.add(node, int(token), dist.prob_of(int(token)))
+    draft.begin_step(1.0)
+
 
 cases = load_prompts(sys.argv[1])
 tokens = int(sys.argv[2]) if len(sys.argv) > 2 else 32
@@ -24,10 +45,9 @@ with open_pair(r, EngineSettings(threads=2, n_ctx=4096)) as pair:
     for case in cases:
         messages = [Message(a, b) for a, b in case.messages]
         prompt, _ = prompt_tokens(pair, messages, ChatSettings(max_tokens=tokens))
-        fit.FIT_TOKENS = tokens
-        answer = _greedy_answer(pair, prompt, lambda i: None)
+        answer = greedy_answer(pair, prompt, tokens)
         q, right = [], []
-        for dist, token in zip(_draft_chain(pair.draft, prompt, answer, lambda i: None), answer):
+        for dist, token in zip(draft_chain(pair.draft, prompt, answer), answer):
             q.append(float(dist.probs[0]))
             right.append(float(int(dist.ids[0]) == token))
         q, right = np.array(q), np.array(right)

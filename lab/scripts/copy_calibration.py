@@ -5,7 +5,7 @@ not change them), per prompt set:
   (its parent accepted) was accepted, next to the prior r₀(a) of ``planner/ngram.py``;
 - by predicted E[A] = Σ p̂ of a step's copies: the accepted tokens per step against the prediction.
 
-    python scripts/copy_calibration.py edit,prose,quick 128 ngram docs/copy-calibration-cpu.json
+    python lab/scripts/copy_calibration.py edit,prose,quick 128 ngram docs/copy-calibration-cpu.json
 """
 
 import collections
@@ -25,20 +25,44 @@ E_BINS = (0.0, 1.0, 2.0, 4.0, 8.0, 1e9)  # E[A] bins: [0, 1), [1, 2), [2, 4), [4
 AGREE_BINS = ((1, 3), (4, 5), (6, 8), (9, 12), (13, 23))  # agreement ranges, inclusive
 tested: collections.Counter = collections.Counter()  # (agreement, accepted) → copies, current set
 
-learn = ngram.Copier.observe
+# What the copier notes about its last tree, kept here through its public methods: per copier, the
+# tree it proposed last and each copied node's agreement (as ``Copier.note`` bins it).
+notes: dict[int, dict[int, int]] = {}
+trees: dict[int, object] = {}
+propose, note = ngram.Copier.propose, ngram.Copier.note
+remember, learn = ngram.Copier.remember, ngram.Copier.observe
+
+
+def proposing(copier, *args, **kwargs):
+    notes[id(copier)], trees[id(copier)] = {}, None
+    return propose(copier, *args, **kwargs)
+
+
+def noting(copier, tree_node, trie, node):
+    notes.setdefault(id(copier), {})[tree_node] = min(int(trie.agree[node]), ngram.AGREE_BINS - 1)
+    note(copier, tree_node, trie, node)
+
+
+def remembering(copier, tree):
+    trees[id(copier)] = tree
+    return remember(copier, tree)
 
 
 def observe(copier, tree, path):
-    """Count the copies the target tested before the copier learns from them."""
-    if tree is not None and tree is copier._tree:
+    """Count the copies the target tested (their parent accepted) before the copier learns from them."""
+    meta = notes.get(id(copier), {})
+    if tree is not None and tree is trees.get(id(copier)) and meta:
         on_path = set(int(n) for n in path)
-        for node, (agree, _share) in copier._meta.items():
-            if int(tree.parents[node]) in on_path:
-                tested[agree, node in on_path] += 1
+        counted = [(a, node in on_path) for node, a in meta.items() if int(tree.parents[node]) in on_path]
+        for key in counted:
+            tested[key] += 1
+        if counted:  # the copier forgets a tree once it has learnt from it
+            notes[id(copier)] = {}
     learn(copier, tree, path)
 
 
-ngram.Copier.observe = observe
+ngram.Copier.propose, ngram.Copier.note = proposing, noting
+ngram.Copier.remember, ngram.Copier.observe = remembering, observe
 sets, names = sys.argv[1].split(","), sys.argv[3].split(",")
 max_tokens, out_path = int(sys.argv[2]), sys.argv[4]
 prior = ngram.prior_rate(np.arange(ngram.AGREE_BINS))

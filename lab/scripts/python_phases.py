@@ -7,6 +7,12 @@ the phases it calls).
     OMP_NUM_THREADS=1 python lab/scripts/python_phases.py plain "{}" 128 "…"  # plain, for reference
 
 Run it on a quiet machine with 1 thread: the figures are a few hundred microseconds per call.
+
+It wraps public names only: the llama.cpp context's class is taken from the open pair
+(``type(pair.target.ctx)``), and ``Context.decode``'s own time (the batch fill around llama_decode) is
+the "batch fill" phase. Until issue 59 it also wrapped two private methods, ``Draft._decode_level``
+(now inside ``Draft.expand``) and ``Context._fill``; the notebook's tables were taken with that version
+(git history).
 """
 
 import collections
@@ -16,7 +22,8 @@ from time import perf_counter
 
 from edgespec.decoding import decoder
 from edgespec.decoding.chat import ChatSettings, Message, prompt_tokens
-from edgespec.engine import _llama, draft, runners
+from edgespec.engine import Draft, Target
+from edgespec.engine import draft as draft_module
 from edgespec.engine.pair import EngineSettings
 from edgespec.models.pairs import open_pair, resolve_pair
 from edgespec.planner import tree as tree_mod
@@ -55,18 +62,12 @@ def timed(owner, name: str, label: str, decodes_in_c: bool = False) -> None:
 
 
 for owner, name, label in [
-    (_llama.C, "llama_decode", "llama_decode"),  # taken out below: not Python
-    (_llama.Context, "logits_rows", "logits view"),
-    (_llama.Context, "_fill", "batch fill"),
-    (_llama.Context, "seq_cp", "seq_cp"),
-    (_llama.Context, "seq_rm", "seq_rm"),
-    (draft, "draft_dists", "draft_dists (top-k rows)"),
+    (draft_module, "draft_dists", "draft_dists (top-k rows)"),
     (decoder, "argmax_margin", "argmax_margin"),
-    (draft.Draft, "expand", "Draft.expand"),
-    (draft.Draft, "_decode_level", "Draft._decode_level"),
-    (runners.Target, "verify", "Target.verify (pack)"),
-    (runners.Target, "commit", "Target.commit"),
-    (draft.Draft, "commit", "Draft.commit"),
+    (Draft, "expand", "Draft.expand"),
+    (Target, "verify", "Target.verify (pack)"),
+    (Target, "commit", "Target.commit"),
+    (Draft, "commit", "Draft.commit"),
     (decoder, "decide", "decide (verification rule)"),
     (decoder, "provenance", "provenance (+ margins)"),
     (decoder, "plan", "planner"),
@@ -79,6 +80,11 @@ max_tokens = int(sys.argv[3]) if len(sys.argv) > 3 else 128
 PROMPT = sys.argv[4] if len(sys.argv) > 4 else PROMPT
 resolved = resolve_pair()
 with open_pair(resolved, EngineSettings(threads=1)) as pair:
+    context = type(pair.target.ctx)  # llama.cpp's context, both models'
+    timed(context, "decode", "batch fill", decodes_in_c=True)  # its llama_decode is taken out below
+    timed(context, "logits_rows", "logits view")
+    timed(context, "seq_cp", "seq_cp")
+    timed(context, "seq_rm", "seq_rm")
     planner = None if name == "plain" else make_planner(StrategyChoice(name, params), resolved.defaults, pair)
     prompt, _ = prompt_tokens(pair, [Message("user", PROMPT)], ChatSettings(max_tokens=max_tokens))
     steps = tokens = 0
@@ -89,7 +95,7 @@ with open_pair(resolved, EngineSettings(threads=1)) as pair:
             steps += 1
             tokens += len(event.tokens)
             python += event.timings.python
-own_seconds.pop("llama_decode")
+own_seconds.pop("llama_decode", None)
 print(f"{name} {params}: {steps} steps, {tokens} tokens, python {python / steps * 1e3:.2f} ms/step")
 for label, seconds in own_seconds.most_common():
     print(f"  {label:28s} {seconds / steps * 1e3:6.3f} ms/step  ({calls[label] / steps:.1f} calls/step)")

@@ -275,7 +275,7 @@ def pooled_summary(out: Path, delay: int, rounds: int) -> None:
 
 def resolve_text(case) -> str:
     """The chat-templated prompt text llama.cpp reads (-f), as edgespec's target templates it."""
-    from edgespec.engine._llama import Model
+    from edgespec.engine import Model
 
     if not hasattr(resolve_text, "model"):
         resolve_text.model = Model(resolve_pair().target_path)

@@ -73,6 +73,14 @@ def spy(generate):
     return traced
 
 
+def candidates_pool(policy, growth):
+    """The growth's candidates' p̂, best first, and the expanded nodes' Σ p̂ and count, as ``AutoGrowth``
+    weighs them (from its public ``phat`` and the growth's ``candidates`` and ``expanded``)."""
+    pool = [policy.phat[u] for u in growth.candidates(policy.phat)]
+    forced = [u for u in growth.expanded if u != 0]
+    return pool, float(sum(policy.phat[u] for u in forced)), len(forced)
+
+
 def log_growth() -> None:
     next_level, keep = AutoGrowth.next_level, AutoGrowth.keep
 
@@ -85,7 +93,7 @@ def log_growth() -> None:
 
     def logged_keep(self, growth):
         kept = keep(self, growth)
-        _, pool, forced_e, forced_n = self._pool(growth)
+        pool, forced_e, forced_n = candidates_pool(self, growth)
         c_t = " ".join(f"{self.costs.t(n) * 1000:.0f}" for n in range(forced_n + 1, forced_n + 4))
         print(f"    kept {len(kept)}: {forced_n} expanded (E {forced_e:.2f}), best candidates' p̂ "
               f"{' '.join(f'{x:.2f}' for x in pool[:3])}, c_t({forced_n + 1}…) {c_t} ms", flush=True)

@@ -11,10 +11,30 @@ import os
 import sys
 from dataclasses import replace
 from statistics import median
+from time import perf_counter
 
 from edgespec.engine.pair import EngineSettings
-from edgespec.measure.costs import _context_tokens, _time_target
 from edgespec.models.pairs import open_pair, resolve_pair
+from edgespec.planner.tree import chain_tree
+
+
+def context_tokens(n_vocab: int, length: int) -> list[int]:
+    """Fixed, arbitrary token ids, as ``edgespec.measure.costs`` fills a context (costs do not depend
+    on which tokens they are)."""
+    return [(1009 + 7919 * i) % max(n_vocab - 1, 1) + 1 for i in range(length)]
+
+
+def time_target(pair, base: list[int], n: int) -> float:
+    """Seconds of the target's verify of a chain of ``n`` tokens after ``base``, as the cost profile
+    times it."""
+    target = pair.target
+    target.sync(base[:-1])
+    filler = context_tokens(target.model.n_vocab, n + 7)[7:]
+    tree = chain_tree([base[-1], *filler[: n - 1]])
+    start = perf_counter()
+    target.verify(tree)
+    return perf_counter() - start
+
 
 FA = int(os.environ.get("FA", "-1"))
 sizes = [int(n) for n in (sys.argv[1] if len(sys.argv) > 1 else "1,4,8,16,32").split(",")]
@@ -29,11 +49,11 @@ def with_flash_attention(self, cpu_only: bool = True):
 EngineSettings.context = with_flash_attention
 with open_pair(resolve_pair(), EngineSettings(threads=2, n_ctx=4096)) as pair:
     for length in contexts:
-        base = _context_tokens(pair.target.model.n_vocab, length)
+        base = context_tokens(pair.target.model.n_vocab, length)
         for n in sizes:  # warm-up
-            _time_target(pair, base, n)
+            time_target(pair, base, n)
         ms = {n: [] for n in sizes}
         for rep in range(4):
             for n in sizes if rep % 2 else sizes[::-1]:
-                ms[n].append(_time_target(pair, base, n) * 1000)
+                ms[n].append(time_target(pair, base, n) * 1000)
         print("FA", FA, length, json.dumps({n: round(median(v), 1) for n, v in ms.items()}), flush=True)
