@@ -16,8 +16,8 @@ from collections.abc import AsyncIterator
 from ..decoding.events import StepEvent
 from ..errors import ContextFullError, EdgespecError, PromptError
 from . import protocol
-from .protocol import ApiError
 from .tools import ToolStream, merged
+from .validation import ApiError
 from .worker import DONE, Job
 
 

@@ -25,7 +25,8 @@ from . import protocol
 from .answers import Answer, ChatAnswer, CompletionAnswer
 from .completions import completion_request, infill_request
 from .guard import DEFAULT_MAX_BODY, BodyLimit, HostGuard, allowed_hosts, client_error, log
-from .protocol import ApiError, Defaults
+from .protocol import Defaults
+from .validation import ApiError, parse_body
 from .worker import Job, QueueFull, Worker
 
 RETRY_AFTER_SECONDS = 5  # told to clients when the queue is full
@@ -60,7 +61,7 @@ def create_app(
         except ClientDisconnect:  # the client left before its body arrived: nothing to answer
             log.info("%s %s: the client went away before sending its body", request.method, request.url.path)
             return Response(status_code=400)
-        body = protocol.parse_body(raw)
+        body = parse_body(raw)
         parsed = parse(body, defaults)
         # the prompt cache's boundary: the key the request came with and the client's own cache key
         scope = (getattr(request.state, "key", None), protocol.cache_key(body))

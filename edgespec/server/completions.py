@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from ..decoding import checks
 from ..decoding.chat import ChatSettings
 from ..decoding.completion import CompletionPrompt
-from .protocol import ApiError, Defaults, _checked, _shown, check_model, generation
+from .protocol import Defaults, check_model, generation
+from .validation import ApiError, checked, shown
 
 MAX_PROMPT_IDS = 1_000_000  # token ids a prompt may list (the context window limits it far sooner)
 
@@ -50,7 +51,7 @@ def completion_request(body: dict, defaults: Defaults) -> CompletionRequest:
             raise ApiError(400, "suffix must be a string (the text after the gap to fill).", "suffix")
         if prompt.token_ids is not None:
             raise ApiError(400, "fill in the middle takes the prompt as text, not token ids.", "prompt")
-        _checked(checks.check_text, suffix, "suffix")
+        checked(checks.check_text, suffix, "suffix")
         prompt = CompletionPrompt(prompt.text, None, suffix)
     return CompletionRequest(prompt, _settings(body, defaults), _stream(body))
 
@@ -63,7 +64,7 @@ def infill_request(body: dict, defaults: Defaults) -> CompletionRequest:
         value = body.get(name, "")
         if not isinstance(value, str):
             raise ApiError(400, f"{name} must be a string.", name)
-        _checked(checks.check_text, value, name)
+        checked(checks.check_text, value, name)
         fields[name] = value
     if "n_predict" in body and "max_tokens" not in body:
         body = {**body, "max_tokens": body["n_predict"]}
@@ -75,7 +76,7 @@ def _prompt(value) -> CompletionPrompt:
     if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
         value = value[0]  # a batch of one
     if isinstance(value, str):
-        _checked(checks.check_text, value, "prompt")
+        checked(checks.check_text, value, "prompt")
         return CompletionPrompt(value)
     if (
         isinstance(value, list)
@@ -85,7 +86,7 @@ def _prompt(value) -> CompletionPrompt:
         return CompletionPrompt("", tuple(value))
     raise ApiError(
         400,
-        f"prompt must be a string or a list of token ids (one prompt per request), not {_shown(value)}.",
+        f"prompt must be a string or a list of token ids (one prompt per request), not {shown(value)}.",
         "prompt",
     )
 
@@ -97,5 +98,5 @@ def _settings(body: dict, defaults: Defaults) -> ChatSettings:
 def _stream(body: dict) -> bool:
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
-        raise ApiError(400, f"stream must be true or false, not {_shown(stream)}.", "stream")
+        raise ApiError(400, f"stream must be true or false, not {shown(stream)}.", "stream")
     return stream

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
-from .protocol import ApiError
+from .validation import ApiError
 
 log = logging.getLogger("edgespec.server")
 

@@ -9,39 +9,17 @@ with edgespec's own (strategy, mean accepted length, target calls).
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ..decoding import checks
 from ..decoding.chat import ChatSettings, Message
 from ..decoding.events import GenerationStats
 from ..decoding.sampling import SamplingParams
-
-if TYPE_CHECKING:
-    from .tools import ToolSetup
+from .tools import ToolSetup, tool_message, tool_setup
+from .validation import ApiError, checked, field, message_text, shown
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length"}  # decoder → OpenAI
-
-
-class ApiError(Exception):
-    """An error response in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
-
-    @property
-    def kind(self) -> str:
-        if self.status == 401:
-            return "authentication_error"
-        if self.status == 404:
-            return "not_found_error"
-        return "invalid_request_error" if self.status < 500 else "server_error"
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
 @dataclass(frozen=True)
@@ -56,9 +34,6 @@ class Defaults:
     special_tokens: bool = False  # parse special-token text in messages as markup (serve --special-tokens)
 
 
-MAX_DEPTH = 32  # JSON nesting a body may have (a chat body needs 4)
-
-
 @dataclass(frozen=True)
 class ChatRequest:
     messages: tuple[Message, ...]  # user and assistant turns, oldest first
@@ -71,41 +46,9 @@ class ChatRequest:
         return session.stream(self.messages, self.settings, cancel, stats)
 
 
-def parse_body(raw: bytes) -> dict:
-    try:
-        body = json.loads(raw)
-    except RecursionError:
-        body = None  # nested past Python's recursion limit: refused below
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"the request body is not valid JSON ({exc}); send a JSON object.") from None
-    if body is None or _too_deep(body):
-        raise ApiError(400, f"the request body is nested more than {MAX_DEPTH} levels deep.")
-    if not isinstance(body, dict):
-        raise ApiError(400, 'the request body must be a JSON object, e.g. {"messages": [...]}.')
-    return body
-
-
-def _too_deep(value) -> bool:
-    """Whether ``value`` nests lists and objects more than ``MAX_DEPTH`` deep (iterative: no recursion)."""
-    level = [value]
-    for _ in range(MAX_DEPTH + 1):
-        level = [
-            child
-            for item in level
-            if isinstance(item, (list, dict))
-            for child in (item.values() if isinstance(item, dict) else item)
-            if isinstance(child, (list, dict))
-        ]
-        if not level:
-            return False
-    return True
-
-
 def chat_request(body: dict, defaults: Defaults) -> ChatRequest:
     """Validate a chat-completions body. Unknown fields are ignored (clients send many)."""
     check_model(body, defaults)
-    from .tools import tool_setup
-
     system, turns = _messages(body.get("messages"), defaults.max_messages)
     tools = tool_setup(body)
     settings = ChatSettings(
@@ -115,25 +58,23 @@ def chat_request(body: dict, defaults: Defaults) -> ChatRequest:
         tools=tools.definitions if tools else (),
         prefill=tools.prefill if tools else "",
     )
-    return ChatRequest(turns, settings, _field(body, "stream", bool, False), tools)
+    return ChatRequest(turns, settings, field(body, "stream", bool, False), tools)
 
 
 def generation(body: dict, defaults: Defaults) -> dict:
     """The fields chat and text completions share: ``n``, ``max_tokens``, sampling, ``stop`` (as
     ``ChatSettings`` arguments)."""
     check_unsupported(body)
-    if _field(body, "n", int, 1) != 1:
+    if field(body, "n", int, 1) != 1:
         raise ApiError(400, "n must be 1: this server returns one choice per request.", "n")
-    max_tokens = _field(body, "max_completion_tokens", int, None)
-    max_tokens = _field(
-        body, "max_tokens", int, max_tokens if max_tokens is not None else defaults.max_tokens
-    )
+    max_tokens = field(body, "max_completion_tokens", int, None)
+    max_tokens = field(body, "max_tokens", int, max_tokens if max_tokens is not None else defaults.max_tokens)
     d = defaults.sampling
-    temperature = _field(body, "temperature", float, d.temperature)
-    top_p = _field(body, "top_p", float, d.top_p)
-    seed = _field(body, "seed", int, d.seed)
-    _checked(checks.check_max_tokens, max_tokens)
-    _checked(checks.check_sampling, temperature, top_p, d.top_k, seed)
+    temperature = field(body, "temperature", float, d.temperature)
+    top_p = field(body, "top_p", float, d.top_p)
+    seed = field(body, "seed", int, d.seed)
+    checked(checks.check_max_tokens, max_tokens)
+    checked(checks.check_sampling, temperature, top_p, d.top_k, seed)
     stop = body.get("stop")
     if stop is None:
         stop = []
@@ -141,7 +82,7 @@ def generation(body: dict, defaults: Defaults) -> dict:
         stop = [stop]
     if not (isinstance(stop, list) and all(isinstance(s, str) and s for s in stop)):
         raise ApiError(400, "stop must be a string or a list of non-empty strings.", "stop")
-    _checked(checks.check_stops, stop)
+    checked(checks.check_stops, stop)
     sampling = SamplingParams(temperature=temperature, top_k=d.top_k, top_p=top_p, seed=seed)
     return {"sampling": sampling, "max_tokens": max_tokens, "stop": tuple(stop)}
 
@@ -176,46 +117,15 @@ def check_model(body: dict, defaults: Defaults) -> None:
     unless the server runs with ``--strict-model``: then another name is a 404."""
     model = body.get("model")
     if model is not None and not isinstance(model, str):
-        raise ApiError(400, f"model must be a string, not {_shown(model)}.", "model")
+        raise ApiError(400, f"model must be a string, not {shown(model)}.", "model")
     if defaults.strict_model and model is not None and model != defaults.model:
         raise ApiError(
             404,
-            f"model {_shown(model)} is not served here; this server answers for {defaults.model!r} "
+            f"model {shown(model)} is not served here; this server answers for {defaults.model!r} "
             "(see GET /v1/models).",
             "model",
             "model_not_found",
         )
-
-
-def _checked(check, *args) -> None:
-    """Run one of ``edgespec.decoding.checks`` (the CLI's and the chat app's too): its error is a 400."""
-    try:
-        check(*args)
-    except checks.SettingError as exc:
-        raise ApiError(400, str(exc), exc.name) from None
-
-
-def _field(body: dict, name: str, kind: type, default):
-    """``body[name]`` checked against ``kind`` (bool is not a number; an int is a float)."""
-    value = body.get(name)
-    if value is None:
-        return default
-    ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        try:
-            value, ok = float(value), True
-        except OverflowError:  # an integer beyond any float
-            ok = False
-    if not ok or (kind is float and not math.isfinite(value)):
-        names = {int: "an integer", float: "a number", bool: "true or false"}
-        raise ApiError(400, f"{name} must be {names[kind]}, not {_shown(value)}.", name)
-    return value
-
-
-def _shown(value) -> str:
-    """A client's value in an error message: as JSON (ASCII), cut short."""
-    text = json.dumps(value)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _messages(value, limit: int) -> tuple[str, tuple[Message, ...]]:
@@ -237,40 +147,22 @@ def _messages(value, limit: int) -> tuple[str, tuple[Message, ...]]:
             raise ApiError(400, f"{where} must be an object with role and content.", where)
         role = message.get("role")
         if role == "tool" or (role == "assistant" and message.get("tool_calls") is not None):
-            from .tools import tool_message
-
             turns.append(tool_message(message, where))
             continue
         role = ROLES.get(role) if isinstance(role, str) else None
         if role is None:
             raise ApiError(
                 400,
-                f"{where}.role must be one of {', '.join(ROLES)}, tool, not {_shown(message.get('role'))}.",
+                f"{where}.role must be one of {', '.join(ROLES)}, tool, not {shown(message.get('role'))}.",
                 f"{where}.role",
             )
-        text = _content(message.get("content"), f"{where}.content")
+        text = message_text(message.get("content"), f"{where}.content")
         (system if role == "system" else turns).append(text if role == "system" else Message(role, text))
     if not turns or turns[-1].role not in ("user", "tool"):
         raise ApiError(
             400, "the last non-system message must be the user's (or a tool's result).", "messages"
         )
     return "\n\n".join(system), tuple(turns)
-
-
-def _content(value, where: str) -> str:
-    """A string, or a list of text parts (``{"type": "text", "text": ...}``); images are not supported."""
-    text = None
-    if isinstance(value, str):
-        text = value
-    elif isinstance(value, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in value):
-        if all(isinstance(p.get("text"), str) for p in value):
-            text = "".join(p["text"] for p in value)
-    if text is not None:
-        _checked(checks.check_text, text, where)
-        return text
-    raise ApiError(
-        400, f"{where} must be a string or a list of text parts (this server reads text only).", where
-    )
 
 
 # -- responses --------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ import secrets
 from dataclasses import dataclass
 
 from ..decoding.chat import Message, ToolCall
-from .protocol import ApiError, _content, _shown
+from .validation import ApiError, message_text, shown
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 # Where calls are read: the format the template teaches, and a JSON code block, which small models
@@ -70,7 +70,7 @@ def tool_setup(body: dict) -> ToolSetup | None:
         if not isinstance(name, str) or not NAME.match(name):
             raise ApiError(
                 400,
-                f"{where}.function.name must be 1 to 64 letters, digits, _ or -, not {_shown(name)}.",
+                f"{where}.function.name must be 1 to 64 letters, digits, _ or -, not {shown(name)}.",
                 where,
             )
         if name in names:
@@ -101,7 +101,7 @@ def _choice(choice, definitions: tuple[dict, ...], names: frozenset[str]) -> Too
             "tool_choice",
         )
     if name not in names:
-        raise ApiError(400, f"tool_choice names {_shown(name)}, which is not among tools.", "tool_choice")
+        raise ApiError(400, f"tool_choice names {shown(name)}, which is not among tools.", "tool_choice")
     return ToolSetup(definitions, names, f'{OPEN}\n{{"name": "{name}", "arguments": ')
 
 
@@ -111,12 +111,12 @@ def tool_message(message: dict, where: str) -> Message:
         ident = message.get("tool_call_id", "")
         if not isinstance(ident, str):
             raise ApiError(400, f"{where}.tool_call_id must be a string.", f"{where}.tool_call_id")
-        return Message("tool", _content(message.get("content"), f"{where}.content"), tool_call_id=ident)
+        return Message("tool", message_text(message.get("content"), f"{where}.content"), tool_call_id=ident)
     calls = message.get("tool_calls")
     if not isinstance(calls, list) or len(calls) > MAX_TOOLS:
         raise ApiError(400, f"{where}.tool_calls must be a list of calls.", f"{where}.tool_calls")
     content = message.get("content")
-    text = "" if content is None else _content(content, f"{where}.content")
+    text = "" if content is None else message_text(content, f"{where}.content")
     return Message(
         "assistant", text, tuple(_call(c, f"{where}.tool_calls[{i}]") for i, c in enumerate(calls))
     )
@@ -130,12 +130,12 @@ def _call(call, where: str) -> ToolCall:
         )
     name, arguments, ident = function.get("name"), function.get("arguments", "{}"), call.get("id", "")
     if not isinstance(name, str) or not NAME.match(name):
-        raise ApiError(400, f"{where}.function.name must be a function name, not {_shown(name)}.", where)
+        raise ApiError(400, f"{where}.function.name must be a function name, not {shown(name)}.", where)
     if isinstance(arguments, dict):  # some clients send the object itself
         arguments = json.dumps(arguments, ensure_ascii=False)
     if not isinstance(arguments, str) or not isinstance(ident, str):
         raise ApiError(400, f"{where}: arguments (JSON text) and id must be strings.", where)
-    _content(arguments, f"{where}.function.arguments")  # valid Unicode, as message text must be
+    message_text(arguments, f"{where}.function.arguments")  # valid Unicode, as message text must be
     return ToolCall(name, arguments, ident)
 
 
