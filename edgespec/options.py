@@ -12,6 +12,7 @@ from typing import Any
 from .decoding.checks import check_sampling
 from .decoding.sampling import SamplingParams
 from .engine.pair import EngineSettings
+from .errors import EdgespecError
 from .models.pairs import ResolvedPair, open_pair, resolve_pair
 from .planner import strategies
 from .planner.params import KINDS
@@ -195,7 +196,26 @@ def sampling_params(args: argparse.Namespace) -> SamplingParams:
     return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
 
 
+def check_model_flags(args: argparse.Namespace) -> None:
+    """``--pair``, ``--target`` and ``--draft`` name one pair: a draft goes with a target, and a pair
+    is not given beside models (neither is silently dropped)."""
+    pair, target, draft = (getattr(args, name, None) for name in ("pair", "target", "draft"))
+    if draft and not target:
+        raise EdgespecError(
+            "--draft needs --target too: give both model files or names, or --pair NAME alone "
+            "for a pair from the registry (`edgespec models list`)."
+        )
+    if pair and target:
+        raise EdgespecError(
+            f"--pair {pair} and --target name two different pairs: give --pair alone, or --target "
+            "with --draft."
+        )
+
+
 def engine_settings(args: argparse.Namespace) -> EngineSettings:
+    """The engine flags as settings; every command that loads a pair asks for them first, so the
+    model flags are checked here too (``check_model_flags``)."""
+    check_model_flags(args)
     return EngineSettings(
         n_ctx=args.ctx,
         target_gpu_layers=args.target_gpu_layers,
@@ -212,6 +232,7 @@ def engine_settings(args: argparse.Namespace) -> EngineSettings:
 
 def resolve(args: argparse.Namespace, need_draft: bool = True) -> ResolvedPair:
     """The model files ``--pair`` / ``--target`` / ``--draft`` name (assembling bundled ones)."""
+    check_model_flags(args)
     return resolve_pair(args.pair, args.target, args.draft, need_draft)
 
 

@@ -174,3 +174,111 @@ def test_valid_extremes_never_crash_the_process(tiny_gguf, tmp_path_factory, **c
     done = subprocess.run(command, input=case["prompt"], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode in (0, 1), done.stderr[-2000:]
     assert "Traceback" not in done.stderr and "GGML_ASSERT" not in done.stderr
+
+
+# -- models.toml, the store's records, a server's answers to `bench --server` ------------------------------
+TOML_LINES = st.one_of(
+    st.sampled_from(
+        ["[models.m]", "[pairs.p]", '[models."x y"]', "[[models]]", 'tokenizer = "t"', 'quant = "q"',
+         'hf = { repo = "a/b", file = "f.gguf" }', 'target = "m"', 'draft = "m"', 'strategy = "chain"',
+         'default_pair = "p"', 'rpc = ["h:1"]', "tensor_split = [1, nan]", "params = { budget = inf }",
+         "size = -1", "sha256 = 5", "a = " + "[" * 2000 + "]" * 2000, "x = " + "9" * 5000, "= 1", "[",
+         'bundled = { package_prefix = "p", module_prefix = "p", count = 0, version = "1" }']
+    ),
+    st.builds(lambda key, n: f"{key} = {n}", st.sampled_from(["size", "budget", "count"]),
+              st.sampled_from([0, -1, 2**63, 10**400, 10**4000])),
+    st.text(max_size=30),
+)  # fmt: skip
+
+
+@FUZZ
+@given(lines=st.lists(TOML_LINES, max_size=12))
+def test_a_models_toml_loads_or_is_refused_in_one_line(lines, tmp_path_factory, capsys):
+    from argparse import Namespace
+
+    from edgespec.commands.models import run_list
+    from edgespec.errors import RegistryError
+    from edgespec.models.registry import load_registry
+    from edgespec.models.store import ModelStore
+
+    folder = tmp_path_factory.mktemp("toml")
+    path = folder / "models.toml"
+    path.write_text("\n".join(lines), encoding="utf-8", errors="surrogatepass")
+    try:
+        registry = load_registry(path)
+    except RegistryError as exc:
+        assert "\n" not in str(exc) and len(str(exc)) < 2000 and str(path) in str(exc)
+        return
+    with mock.patch("edgespec.commands.models.ModelStore", lambda: ModelStore(folder, registry)):
+        assert run_list(Namespace(json=True)) == 0  # every value it holds can be shown
+    capsys.readouterr()
+
+
+RECORDS = st.one_of(
+    st.binary(max_size=300),
+    JSON.map(lambda value: json.dumps(value).encode()),
+    st.fixed_dictionaries(
+        {"sha256": st.one_of(st.just("0" * 64), SCALARS), "size": SCALARS, "mtime_ns": SCALARS}
+    ).map(lambda value: json.dumps(value).encode()),
+)
+
+
+@FUZZ
+@given(record=RECORDS)
+def test_a_record_never_lets_a_model_that_differs_from_models_toml_load(record, tmp_path_factory):
+    """Whatever stands in place of `.verified.json`, a model is loaded only if its sha256 is models.toml's."""
+    import hashlib
+
+    from edgespec.errors import ModelStoreError
+    from edgespec.models.registry import load_registry
+    from edgespec.models.store import ModelStore
+
+    folder = tmp_path_factory.mktemp("store")
+    data = b"model bytes"
+    for name, sha in (("good", hashlib.sha256(data).hexdigest()), ("bad", "0" * 64)):
+        entry = f'[models.{name}]\ntokenizer = "t"\nquant = "q"\nsha256 = "{sha}"\n'
+        entry += 'hf = { repo = "a/b", file = "f" }\n'
+        (folder / f"{name}.toml").write_text(entry)
+        store = ModelStore(folder, load_registry(folder / f"{name}.toml"))
+        path = store.models_dir / f"{name}.gguf"
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(data)
+        path.with_name(f"{name}.gguf.verified.json").write_bytes(record)
+        if name == "good":
+            assert store.ensure(name, progress=False) == path
+        else:
+            with pytest.raises(ModelStoreError):
+                store.ensure(name, progress=False)
+
+
+def _events(events: list) -> tuple[str, bytes]:
+    return "text/event-stream", b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
+
+
+CHOICES = st.lists(st.fixed_dictionaries({"message": JSON, "delta": JSON}), max_size=2)
+COMPLETION = st.fixed_dictionaries({"choices": CHOICES, "usage": JSON, "timings": JSON})
+ANSWERS = st.one_of(
+    st.one_of(JSON, COMPLETION).map(lambda value: ("application/json", json.dumps(value).encode())),
+    st.lists(st.one_of(JSON, COMPLETION), max_size=4).map(_events),
+    st.binary(max_size=200).map(lambda data: ("text/plain", data)),
+)
+
+
+@settings(max_examples=100, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(answer=ANSWERS, sets=st.sampled_from(["prompts", "conversation", "tools"]))
+def test_bench_server_measures_or_says_what_the_server_got_wrong(answer, sets, capsys):
+    from argparse import Namespace
+
+    from canned_server import canned_server
+
+    from edgespec.errors import EdgespecError
+    from edgespec.server.bench_client import measure
+
+    args = Namespace(sets=sets, api_key=None, model=None, max_tokens=2, prompts="quick", json=None)
+    with canned_server() as (server, url):
+        server.reply = (200, *answer)
+        try:
+            assert measure(url, args) == 0
+        except EdgespecError as exc:
+            assert "\n" not in str(exc) and len(str(exc)) < 500
+    capsys.readouterr()

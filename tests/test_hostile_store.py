@@ -102,6 +102,7 @@ def test_18_a_second_chat_app_on_the_same_history_is_refused(tmp_path, capsys, h
         with pytest.raises(StorageError, match=f"pid {os.getpid()}"):
             ChatStore(home / "chats.sqlite3", exclusive=True)
         monkeypatch.setattr(ChatApp, "run", lambda self: pytest.fail("a second app started"))
+        monkeypatch.setattr("edgespec.commands.chat.has_terminal", lambda: True)  # pytest's is not one
         one_error(*run_cli(capsys, "chat"), "is open in another `edgespec chat`")
         (message,) = [m for m in first.messages(conversation.id) if m.id == streaming]
         assert message.finish_reason is None  # not marked 'interrupted' by the second app

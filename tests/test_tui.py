@@ -506,10 +506,12 @@ def test_loading_screen_shows_progress(tmp_path):
 def test_chat_command_starts_the_app_on_the_default_pair(tmp_path, monkeypatch):
     pytest.importorskip("llama_cpp", reason="the CLI's shared options import the engine (llama-cpp-python)")
     from edgespec.cli import main
+    from edgespec.commands import chat
     from edgespec.session import ChatBackend
 
     started = []
     monkeypatch.setattr(ChatApp, "run", lambda self: started.append(self))
+    monkeypatch.setattr(chat, "has_terminal", lambda: True)  # pytest's output is not one
     assert main(["chat", "--max-tokens", "9", "--temperature", "0.5", "--system", "Be brief."]) == 0
     (app,) = started
     assert isinstance(app.backend, ChatBackend) and app.pair is None and app.backend.request.pair is None

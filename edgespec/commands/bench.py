@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from rich.console import Console
 
 from .. import options
+from ..decoding import checks
 from ..errors import EdgespecError
 from ..measure.prompts import set_names
 from ..planner import strategies
@@ -91,7 +93,10 @@ def parse_variants(text: str, budgets: str | None, repeats: int = 1) -> list[tup
     """``"chain,tsd:8,auto@3"`` and ``"4,8"`` → [(name, budget or None, runs per prompt)], each strategy
     at each budget."""
     names = [s.strip() for s in text.split(",") if s.strip()]
-    extra = [int(b) for b in budgets.split(",") if b.strip()] if budgets else []
+    try:
+        extra = [int(b) for b in budgets.split(",") if b.strip()] if budgets else []
+    except ValueError:
+        raise EdgespecError(f"--budgets: {budgets[:80]!r} is not a list of whole numbers like 4,8") from None
     out: list[tuple[str, int | None, int]] = []
     for item in names:
         spec, _, runs = item.partition("@")
@@ -151,6 +156,7 @@ def run(args) -> int:
         args.max_tokens = args.max_tokens or QUICK_MAX_TOKENS
         from ..server.bench_client import measure  # the server's client: httpx, nothing of the models
 
+        check_outputs(args)
         return measure(args.server, args)
     if args.quick:
         args.strategies = args.strategies or QUICK_STRATEGIES
@@ -159,7 +165,23 @@ def run(args) -> int:
     args.strategies = args.strategies or DEFAULT_STRATEGIES
     args.prompts = args.prompts or "all"
     args.max_tokens = args.max_tokens or DEFAULT_MAX_TOKENS
+    check(args)
     return _bench(args, console)
+
+
+def check(args: argparse.Namespace) -> None:
+    """What a bench run would otherwise refuse, or fail to write, only after minutes of measuring."""
+    checks.check_max_tokens(args.max_tokens)
+    if args.warmup_tokens < 0:
+        raise EdgespecError(f"--warmup-tokens must be 0 (no warm-up) or more, not {args.warmup_tokens}.")
+    check_outputs(args)
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    for flag, out in (("--json", args.json), ("--plot", args.plot)):
+        folder = Path(out).expanduser().resolve().parent if out else None
+        if folder is not None and not folder.is_dir():
+            raise EdgespecError(f"{flag} {out}: there is no folder {folder} to write it in; create it first.")
 
 
 def _bench(args: argparse.Namespace, console: Console) -> int:

