@@ -228,7 +228,7 @@ class PairEngine:
         return self.pair.context_used()
 
     def prepare(self, planner: Planner | None, on_progress: LoadCallback) -> None:
-        from .measure.costs import attach
+        from .profile.attach import attach
 
         if planner is not None and id(planner) not in self._with_costs:
             # auto, OPT-Tree: this pair's cost profile (measured once per pair and machine, cached)

@@ -90,7 +90,7 @@ def make_planner(
         return None
     planner = strategies.build(choice.name, planner_params(choice, pair))
     if engine is not None and planner.wants_costs:
-        from .measure.costs import attach
+        from .profile.attach import attach
 
         attach(planner, engine, progress=progress, show_progress=show_progress)
     return planner

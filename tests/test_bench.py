@@ -319,7 +319,7 @@ def test_jsonl_prompts(tmp_path):
 def test_bench_command_on_the_bundled_pair(tmp_path, monkeypatch, capsys):
     from realmodels import BUNDLED_PAIR, bundled_paths
 
-    from edgespec.measure import costs, fit
+    from edgespec.profile import costs, fit
 
     bundled_paths()  # skips without the models
     monkeypatch.setattr(costs, "home_dir", lambda: tmp_path)  # a fresh, small cost profile and fit

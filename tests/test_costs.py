@@ -10,8 +10,11 @@ import numpy as np
 import pytest
 from fake_llama import ChatFakePair
 
-from edgespec.measure import costs
-from edgespec.measure.costs import CostProfile
+from edgespec.models.store import model_identity
+from edgespec.profile import costs
+from edgespec.profile.attach import attach
+from edgespec.profile.costs import CostProfile
+from edgespec.profile.store import profile_path
 
 
 @pytest.fixture(scope="module")
@@ -107,22 +110,22 @@ def test_attach_gives_auto_its_curves(measured, tmp_path):
     pair, profile = measured
     costs.save(profile, tmp_path)
     planner = AutoPlanner()
-    costs.attach(planner, pair, home=tmp_path)
+    attach(planner, pair, home=tmp_path)
     assert planner.costs is not None and planner.costs.target.shape == (pair.max_nodes - 1,)
-    costs.attach(ChainPlanner(), pair, home=tmp_path)  # planners without use_costs are left alone
+    attach(ChainPlanner(), pair, home=tmp_path)  # planners without use_costs are left alone
 
 
 def test_model_identity_reads_the_store_record(tmp_path):
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF" + b"\0" * 60)
-    assert costs.model_identity(str(model))["sha256"] is None
+    assert model_identity(str(model))["sha256"] is None
     stat = model.stat()
     record = {"sha256": "ab" * 32, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
     (tmp_path / "m.gguf.verified.json").write_text(json.dumps(record))
-    assert costs.model_identity(str(model))["sha256"] == "ab" * 32
+    assert model_identity(str(model))["sha256"] == "ab" * 32
     record["size"] += 1  # a stale record (the file changed since it was hashed) is ignored
     (tmp_path / "m.gguf.verified.json").write_text(json.dumps(record))
-    assert costs.model_identity(str(model))["sha256"] is None
+    assert model_identity(str(model))["sha256"] is None
 
 
 def test_a_profile_measured_on_a_busy_machine_is_used_but_never_cached(measured, tmp_path, monkeypatch):
@@ -135,7 +138,7 @@ def test_a_profile_measured_on_a_busy_machine_is_used_but_never_cached(measured,
     assert busy.busy == pytest.approx(1.5)
     monkeypatch.setattr(costs, "measure", lambda *a, **k: busy)
     assert costs.load_or_measure(pair, home=tmp_path) is busy
-    assert not costs.profile_path(busy.key, tmp_path).exists()
+    assert not profile_path(busy.key, tmp_path).exists()
     costs.save(busy, tmp_path)  # as an older edgespec did
     assert costs.load_cached(pair, tmp_path) is None
     monkeypatch.setattr(costs, "measure", lambda *a, **k: quiet)

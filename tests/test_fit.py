@@ -1,4 +1,4 @@
-"""The pair's fit (``measure/fit.py``): measured through the engine on the fake pair, checked against the
+"""The pair's fit (``profile/fit.py``): measured through the engine on the fake pair, checked against the
 fake models' own logits, cached per pair, attached to ``auto`` — and what it changes in auto's choice."""
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ from fake_llama import ChatFakePair
 from fakes import SyntheticDrafter, sparse
 
 from edgespec.decoding.chat import ChatSettings, Message, prompt_tokens
-from edgespec.measure import costs, fit
 from edgespec.planner.auto import PLAIN, SPECULATE, AutoPlanner
 from edgespec.planner.auto_calibration import PRIOR_PROFILE, DraftFit
 from edgespec.planner.costmodel import CostModel
 from edgespec.planner.tree import PlanContext
+from edgespec.profile import costs, fit
+from edgespec.profile.attach import attach
 
 
 @pytest.fixture(scope="module")
@@ -67,21 +68,21 @@ def test_the_fit_is_cached_per_pair_and_attached_to_auto(pair, tmp_path, monkeyp
     # load) would be used once and not saved (tested apart), which is not what this test asks
     monkeypatch.setattr(costs, "BUSY_SPREAD", float("inf"))
     planner = AutoPlanner()
-    costs.attach(planner, pair, home=tmp_path)
+    attach(planner, pair, home=tmp_path)
     assert calls == [1] and len(list((tmp_path / "profiles").glob("fit-*.json"))) == 1
     measured = fit.load_fit(pair, tmp_path)
     assert measured is not None and planner.calibration.profile.tolist() == measured.profile.tolist()
     top1, right = measured.profile[0], measured.ratio * measured.profile[0]  # the fit's top-1, right
     assert planner.acceptance.chance(top1) == pytest.approx(min(right, 0.99))  # where the curve starts
     again = AutoPlanner()
-    costs.attach(again, pair, home=tmp_path)  # both cached now: nothing measured
+    attach(again, pair, home=tmp_path)  # both cached now: nothing measured
     assert calls == [1] and again.acceptance.chance(top1) == pytest.approx(min(right, 0.99))
     # Another thread count is another cost profile, but the same fit (it depends on the model files).
     before = pair.settings
     pair.settings = dataclasses.replace(before, threads=7)
     try:
         third = AutoPlanner()
-        costs.attach(third, pair, home=tmp_path)  # measures a profile for 7 threads, not the fit
+        attach(third, pair, home=tmp_path)  # measures a profile for 7 threads, not the fit
         assert calls == [1] and len(list((tmp_path / "profiles").glob("costs-*.json"))) == 2
     finally:
         pair.settings = before
@@ -112,7 +113,7 @@ def test_a_measured_fit_lets_auto_draft_from_the_first_step_over_a_slow_link():
 
 
 def test_learnt_cost_factors_never_make_plain_decoding_final():
-    """"Speculation cannot pay on this machine" is read off the profile. Factors learnt from a few slow
+    """ "Speculation cannot pay on this machine" is read off the profile. Factors learnt from a few slow
     steps may make the forecast say plain, but when they come back auto drafts again (on learnt
     factors that verdict was final: with nothing drafted, nothing could unlearn it)."""
     planner = AutoPlanner(costs=SLOW_LINK)
@@ -175,10 +176,9 @@ def test_a_target_that_ends_every_request_at_once_leaves_auto_its_prior(tmp_path
     monkeypatch.setattr(silent.target.model, "is_eog", lambda token: True)
     assert fit.measure_fit(silent) is None
     planner = AutoPlanner()
-    costs.attach(planner, silent, home=tmp_path)  # measures the cost profile; no fit to give
+    attach(planner, silent, home=tmp_path)  # measures the cost profile; no fit to give
     assert planner.costs is not None and planner.calibration.profile.tolist() == PRIOR_PROFILE.tolist()
     assert not list((tmp_path / "profiles").glob("fit-*.json"))  # nothing cached: tried again next time
-
 
 
 def test_over_rpc_plain_steps_keep_the_curve_current_from_the_drafts_free_guesses():

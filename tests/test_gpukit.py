@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from kit import main, predict
 
-from edgespec.measure.costs import CostProfile
+from edgespec.profile.costs import CostProfile
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -21,9 +21,10 @@ import pytest
 
 from edgespec import options
 from edgespec.errors import EdgespecError, EngineError, RegistryError
-from edgespec.measure import costs
 from edgespec.measure.netdelay import DelayProxy
 from edgespec.models.registry import load_registry
+from edgespec.profile import costs
+from edgespec.profile.store import profile_path
 
 rpc = pytest.importorskip("edgespec.engine.rpc", reason="llama-cpp-python is not installed")
 EngineSettings = pytest.importorskip("edgespec.engine.pair").EngineSettings
@@ -265,7 +266,7 @@ def test_the_cost_profile_of_a_target_over_rpc_has_its_own_key(tmp_path):
     assert "rpc" not in local and key(rpc=()) == local  # local profiles keep their old keys
     far = key(rpc=("10.0.0.2:50052",), tensor_split=(1.0, 1.0))
     assert far["rpc"] == {"servers": ["10.0.0.2:50052"], "tensor_split": [1.0, 1.0]}
-    assert costs.profile_path(far) != costs.profile_path(local)
+    assert profile_path(far) != profile_path(local)
     # flash attention: off on CPUs (here and RPC servers: a split target decodes as a local one), llama.cpp's
     # choice with GPU offload
     offloaded = key(target_gpu_layers=-1)
@@ -277,7 +278,7 @@ def test_the_cost_profile_of_a_target_over_rpc_has_its_own_key(tmp_path):
         chosen = options.engine_settings(_args("--flash-attn", flag))
         assert chosen.flash_attn is value
     on = key(flash_attn=True)
-    assert on["flash_attn"] is True and costs.profile_path(on) != costs.profile_path(local)
+    assert on["flash_attn"] is True and profile_path(on) != profile_path(local)
     assert EngineSettings(flash_attn=True).context(cpu_only=True).flash_attn is True
     assert EngineSettings(flash_attn=False).context(cpu_only=False).flash_attn is False
     with pytest.raises(SystemExit):

@@ -103,8 +103,8 @@ def _seed_cost_profile(home: str, models: tuple[str, str], rpc: tuple[str, ...] 
     import numpy as np
 
     from edgespec.engine.pair import EngineSettings
-    from edgespec.measure import costs, fit
     from edgespec.planner.auto_calibration import DraftFit
+    from edgespec.profile import costs, fit
 
     runner = [SimpleNamespace(model=SimpleNamespace(path=p)) for p in models]
     settings = EngineSettings(n_ctx=1024, threads=1, repack=False, rpc=rpc)

@@ -185,8 +185,11 @@ def check_outputs(args: argparse.Namespace) -> None:
 
 
 def _bench(args: argparse.Namespace, console: Console) -> int:
-    from ..measure import BenchConfig, costs, document, report, run_bench, summarise
+    from ..measure import BenchConfig, document, report, run_bench, summarise
     from ..measure.prompts import load_prompts
+    from ..profile import costs
+    from ..profile.attach import attach
+    from ..profile.store import profile_path
     from ..progress import progress_bar
 
     cases = load_prompts(args.prompts)
@@ -202,11 +205,11 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
                 profile = costs.load_or_measure(pair, refresh=args.reprofile, quick=quick, progress=bar)
             if args.profile or args.reprofile:
                 console.print(report.profile_table(profile))
-                console.print(f"[dim]cached in {costs.profile_path(profile.key)}[/dim]")
+                console.print(f"[dim]cached in {profile_path(profile.key)}[/dim]")
             if args.profile:
                 return 0
             for planner in cost_aware:
-                costs.attach(planner, pair)  # the profile just measured (cached)
+                attach(planner, pair)  # the profile just measured (cached)
         config = BenchConfig(
             max_tokens=args.max_tokens,
             sampling=options.sampling_params(args),

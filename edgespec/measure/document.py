@@ -34,7 +34,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .. import __version__
-from .costs import cpu_model, llama_version, model_identity
+from ..models.store import model_identity
+from ..profile.store import cpu_model, llama_version
 
 SCHEMA = "edgespec-bench/1"
 

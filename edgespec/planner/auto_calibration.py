@@ -1,6 +1,6 @@
 """``auto``'s calibration: the cost curves it decides with and what it learns from the steps it ran.
 
-- **Curves** (``effective``): the pair's measured cost profile (``edgespec.measure.costs``) with two
+- **Curves** (``effective``): the pair's measured cost profile (``edgespec.profile.costs``) with two
   learned factors, measured ÷ profiled cost of batches (n ≥ 2) and of drafting, each over the same
   ratio for plain decoding — so a profile taken on a busy machine is corrected, whatever the load now.
   Over RPC a batch size the target has not decoded yet costs more once (``one_off``): trees are sized
@@ -11,7 +11,7 @@
   too: the draft guessed its root's next token while the target decoded (``learn_guess``).
 - **profile**: the draft's average top-j probabilities, which forecasts grow children from
   (``chances``: through the curve).
-- **the pair's fit** (``DraftFit``, measured once per pair by ``edgespec.measure.fit``): where r and
+- **the pair's fit** (``DraftFit``, measured once per pair by ``edgespec.profile.fit``): where r and
   the profile start, instead of a typical draft's. Without it a forecast on a flat cost curve (the
   target behind a slow link) can say "plain" for a draft whose real top-1 is 0.8, and short answers
   never earn a probe that would teach it otherwise.

@@ -19,7 +19,7 @@ cost by batch size (root included). Plain decoding is the tree with only the roo
 
 ``auto``'s level trees pass p̂ already calibrated token by token (``auto_acceptance``) and r = 1.
 
-Pure numpy: the cost curves arrive as data (``edgespec.measure.costs`` measures them).
+Pure numpy: the cost curves arrive as data (``edgespec.profile.costs`` measures them).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ Algorithm 1, level by level (one batched draft decode per level):
 4. finally keep the n nodes with the largest p̂ overall — with the pair's cost curves, the m ≤ n
    best, m chosen for the step's expected rate (1 + E_sub(T, m)) / (drafting + c_t(m + 1)): the paper
    picks n for the hardware, and the verify curve is not smooth (on a CPU, 16 tokens can cost a
-   fifth less than 15 or 17; see ``edgespec.measure.costs``), so the size is chosen per step.
+   fifth less than 15 or 17; see ``edgespec.profile.costs``), so the size is chosen per step.
 
 A free saving over the paper: a layer node outside the current overall top n can never enter the
 final top n, nor can its descendants (p̂ only shrinks downwards, and the n-th best only grows), so

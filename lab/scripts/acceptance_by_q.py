@@ -17,7 +17,7 @@ from edgespec.planner.tree import TreeBuilder
 
 
 def greedy_answer(pair, prompt, max_tokens: int) -> list[int]:
-    """The target's greedy answer (plain decoding), as ``edgespec.measure.fit`` reads it."""
+    """The target's greedy answer (plain decoding), as ``edgespec.profile.fit`` reads it."""
     answer: list[int] = []
     for event in generate(pair, None, Request(prompt=list(prompt), max_tokens=max_tokens)):
         answer.extend(event.token_ids)

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 
 from edgespec.cli import main
-from edgespec.measure import costs
+from edgespec.profile import costs
 from edgespec.planner.costmodel import CostModel
 
 measured_model = costs.CostProfile.model

@@ -24,7 +24,7 @@ sys.path[:0] = [str(ROOT / "scripts" / "gpu"), str(ROOT / "scripts"), str(ROOT)]
 
 from kit import acceptance_from_bench, predict  # noqa: E402
 
-from edgespec.measure.costs import CostProfile  # noqa: E402
+from edgespec.profile.costs import CostProfile  # noqa: E402
 from edgespec.planner.auto import AutoPlanner  # noqa: E402
 
 

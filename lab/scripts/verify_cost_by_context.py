@@ -19,7 +19,7 @@ from edgespec.planner.tree import chain_tree
 
 
 def context_tokens(n_vocab: int, length: int) -> list[int]:
-    """Fixed, arbitrary token ids, as ``edgespec.measure.costs`` fills a context (costs do not depend
+    """Fixed, arbitrary token ids, as ``edgespec.profile.costs`` fills a context (costs do not depend
     on which tokens they are)."""
     return [(1009 + 7919 * i) % max(n_vocab - 1, 1) + 1 for i in range(length)]
 

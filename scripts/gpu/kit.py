@@ -36,7 +36,7 @@ from time import perf_counter
 
 from randomgguf import BUILTIN, file_size, read_tokenizer, write_random_gguf
 
-from edgespec.measure.costs import CostProfile, measure
+from edgespec.profile.costs import CostProfile, measure
 
 DRAFT = "qwen2.5-0.5b"
 TARGETS = ("qwen2.5-1.5b", "qwen2.5-7b", "qwen2.5-14b", "qwen2.5-32b")

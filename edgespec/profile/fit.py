@@ -33,7 +33,7 @@ from ..decoding.decoder import Request, generate
 from ..errors import EngineError
 from ..planner.auto_calibration import PROFILE_LEN, DraftFit
 from ..planner.tree import TreeBuilder
-from .costs import file_key, llama_version, profile_path, write_json
+from .store import file_key, llama_version, profile_path, write_json
 
 FIT_VERSION = 2  # 2: runs
 RUN_LEN = 8  # longest run of right guesses counted

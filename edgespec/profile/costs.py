@@ -24,10 +24,8 @@ import hashlib
 import json
 import logging
 import os
-import platform
 from collections.abc import Sequence
-from contextlib import ExitStack
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from statistics import median
@@ -35,11 +33,10 @@ from time import perf_counter
 
 import numpy as np
 
-from ..models.paths import home_dir
-from ..models.store import model_identity
 from ..planner.costmodel import CostModel
 from ..planner.tree import TreeBuilder, chain_tree
-from ..progress import Progress, progress_bar
+from ..progress import Progress
+from .store import cpu_model, file_key, llama_version, profile_path, write_json
 
 PROFILE_VERSION = 3  # 3: over RPC every target size warmed first; 2: every size up to 33, dips kept
 SIZES = (*range(1, 34), 40, 48, 56, 64)  # target verify and draft level sizes
@@ -147,26 +144,7 @@ def _interpolate(points: dict[int, float], n_max: int) -> np.ndarray:
     return out
 
 
-# -- identity and cache ---------------------------------------------------------------------------------
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def llama_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("llama_cpp_python")
-    except Exception:  # noqa: BLE001 - not installed, or an odd install: the key just says so
-        return "unknown"
-
-
+# -- the cache ---------------------------------------------------------------------------------
 def profile_key(pair) -> dict:
     """What the costs depend on: model files, offload, threads, repacking, tiled matmul, flash attention,
     the build (its version and the CPU features compiled in), the CPU (virtual machines often name only
@@ -196,19 +174,6 @@ def profile_key(pair) -> dict:
     return key
 
 
-def file_key(runner) -> dict:
-    """A loaded model's file: its sha256 from the store's record, else path, size and mtime."""
-    ident = model_identity(str(runner.model.path))
-    if ident["sha256"]:
-        return {"sha256": ident["sha256"]}
-    return {k: ident[k] for k in ("path", "size", "mtime_ns")}
-
-
-def profile_path(key: dict, home: Path | None = None, kind: str = "costs") -> Path:
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return (home or home_dir()) / "profiles" / f"{kind}-{digest}.json"
-
-
 def load_cached(pair, home: Path | None = None) -> CostProfile | None:
     path = profile_path(profile_key(pair), home)
     try:
@@ -220,13 +185,6 @@ def load_cached(pair, home: Path | None = None) -> CostProfile | None:
 
 def save(profile: CostProfile, home: Path | None = None) -> Path:
     return write_json(profile_path(profile.key, home), profile.as_dict())
-
-
-def write_json(path: Path, data: dict) -> Path:
-    """Write ``data`` to ``path`` whole or not at all (a temporary file, then a rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    (tmp := path.with_suffix(".tmp")).write_text(json.dumps(data, indent=1))
-    return tmp.replace(path)
 
 
 def load_or_measure(
@@ -254,28 +212,6 @@ def load_or_measure(
     else:
         save(profile, home)
     return profile
-
-
-def attach(
-    planner, pair, progress: Progress | None = None, show_progress: bool = False, home: Path | None = None
-) -> None:
-    """Give a planner this pair's cost profile if it ``wants_costs`` and its fit if it ``wants_fit``,
-    measuring what is missing (``show_progress``: a bar on stderr)."""
-    if not planner.wants_costs or pair.draft is None:
-        return
-    from .fit import load_fit, measure_and_save_fit
-    cached, fit = load_cached(pair, home), load_fit(pair, home) if planner.wants_fit else None
-    with ExitStack() as stack:
-        if (cached is None or (planner.wants_fit and fit is None)) and show_progress and progress is None:
-            progress = stack.enter_context(progress_bar("measuring this pair (once; cached)"))
-        elif progress is not None:  # the caller's display: say which work this is
-            shown = progress
-            progress = lambda what, done, total: shown(f"measuring this pair (once): {what}", done, total)  # noqa: E731
-        cached = cached or load_or_measure(pair, quick=True, progress=progress, home=home)
-        ahead = getattr(pair.target.ctx, "remote", False)  # on RPC servers: the draft looks ahead meanwhile
-        planner.use_costs(replace(cached.model(pair.max_nodes - 1), look_ahead=ahead))
-        if planner.wants_fit and (fit := fit or measure_and_save_fit(pair, progress, home)):
-            planner.use_fit(fit)
 
 
 # -- measuring ------------------------------------------------------------------------------------------
