@@ -7,13 +7,8 @@ from pathlib import Path
 import pytest
 
 from edgespec.errors import ModelNotFoundError, RegistryError
-from edgespec.models.registry import (
-    BundledSource,
-    HfSource,
-    builtin_registry_file,
-    load_registry,
-    resolve_model,
-)
+from edgespec.models.registry import builtin_registry_file, load_registry, resolve_model
+from edgespec.models.specs import BundledSource, HfSource
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHA = "ab" * 32

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from ..models.drafters import shipped_adapter
 from ..models.paths import format_bytes, user_registry_path
-from ..models.registry import PairSpec
+from ..models.specs import PairSpec
 from ..models.store import ModelStatus, ModelStore
 
 

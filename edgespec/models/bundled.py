@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import ModelStoreError
 from .paths import HASH_CHUNK, ProgressCallback
-from .registry import BundledSource, ModelSpec
+from .specs import BundledSource, ModelSpec
 
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable

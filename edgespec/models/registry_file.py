@@ -14,7 +14,7 @@ from typing import Any
 
 from ..errors import RegistryError
 from ..planner.strategies import CHOICES
-from .registry import (
+from .specs import (
     BARE_KEY_RE,
     LIST_HINT,
     NAME_RE,

@@ -31,7 +31,8 @@ from ..errors import ModelStoreError
 from ..progress import LogLines
 from . import bundled, download
 from .paths import ProgressCallback, format_bytes, home_dir, require_free_space, sha256_file
-from .registry import SHA256_RE, ModelSpec, PairSpec, Registry, load_registry, looks_like_path
+from .registry import load_registry
+from .specs import SHA256_RE, ModelSpec, PairSpec, Registry, looks_like_path
 
 OK, CORRUPTED, MISSING, UNKNOWN = "OK", "CORRUPTED", "MISSING", "UNKNOWN"
 _Fetched = tuple[Path, str, str | None]  # (partial file, its sha256, the sha256 it must have)
