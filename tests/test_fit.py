@@ -13,8 +13,8 @@ from fakes import SyntheticDrafter, sparse
 
 from edgespec.decoding.chat import ChatSettings, Message, prompt_tokens
 from edgespec.planner.auto import PLAIN, SPECULATE, AutoPlanner
-from edgespec.planner.auto_calibration import PRIOR_PROFILE, DraftFit
-from edgespec.planner.costmodel import CostModel
+from edgespec.planner.auto_calibration import PRIOR_PROFILE
+from edgespec.planner.costmodel import CostModel, DraftFit
 from edgespec.planner.tree import PlanContext
 from edgespec.profile import costs, fit
 from edgespec.profile.attach import attach

@@ -139,7 +139,7 @@ def test_auto_grows_for_free_along_what_the_look_ahead_decoded():
     from test_fit import SLOW_LINK
 
     from edgespec.planner.auto import SPECULATE, AutoPlanner
-    from edgespec.planner.auto_calibration import DraftFit
+    from edgespec.planner.costmodel import DraftFit
     from edgespec.planner.tree import PlanContext
 
     def plan(known_depth: int):
@@ -175,7 +175,7 @@ def test_auto_verifies_what_the_look_ahead_decoded_where_it_would_decode_plainly
     from test_fit import SLOW_LINK
 
     from edgespec.planner.auto import PLAIN, SPECULATE, AutoPlanner
-    from edgespec.planner.auto_calibration import DraftFit
+    from edgespec.planner.costmodel import DraftFit
     from edgespec.planner.tree import PlanContext
 
     def plan(known_depth: int):
@@ -268,8 +268,7 @@ def test_auto_looks_ahead_only_where_a_tree_drafted_for_free_would_pay():
     import numpy as np
 
     from edgespec.planner.auto import AutoPlanner
-    from edgespec.planner.auto_calibration import DraftFit
-    from edgespec.planner.costmodel import CostModel
+    from edgespec.planner.costmodel import CostModel, DraftFit
 
     curve = CostModel.from_functions(lambda n: 0.065 * (1 + 0.6 * (n - 1)), lambda n: 0.01 * n)
     for top1, ratio, looks in ((0.5, 0.6, False), (0.9, 1.0, True)):

@@ -103,7 +103,7 @@ def _seed_cost_profile(home: str, models: tuple[str, str], rpc: tuple[str, ...] 
     import numpy as np
 
     from edgespec.engine.pair import EngineSettings
-    from edgespec.planner.auto_calibration import DraftFit
+    from edgespec.planner.costmodel import DraftFit
     from edgespec.profile import costs, fit
 
     runner = [SimpleNamespace(model=SimpleNamespace(path=p)) for p in models]

@@ -26,12 +26,12 @@ import numpy as np
 
 from . import params
 from .auto_acceptance import Acceptance
-from .auto_calibration import Calibration, DraftFit
+from .auto_calibration import Calibration
 from .auto_copies import CopySteps
 from .auto_guard import CATCH_UP_FREE, Guards
 from .auto_policy import COPY, DRAFTING, MODES, PARALLEL, PLAIN, PROBE, SPECULATE, Policy
 from .auto_trees import AutoGrowth, level_tree, one_pass_tree
-from .costmodel import CostModel
+from .costmodel import CostModel, DraftFit
 from .ngram import Copier
 from .parallel import ADAPTER_HELP
 from .params import param

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .auto_acceptance import Acceptance, trials
-from .costmodel import CostModel
+from .costmodel import CostModel, DraftFit
 from .tree import SparseDist
 
 PROFILE_LEN = 4  # children predicted per expanded node in forecasts
@@ -41,17 +41,6 @@ FACTOR_RANGE = (0.25, 8.0)  # learned cost factors stay within this range
 DRAFT_DECAY = 0.7  # per step, on the drafting factor's sums
 ONE_OFF_SHARE = 4  # over RPC a tree size not decoded yet costs its one-off ÷ this (``sizing``)
 LOOK_AHEAD_CHAIN = 4  # the chain the look-ahead's prior assumes (``Calibration._look_ahead_prior``)
-
-
-@dataclass(frozen=True)
-class DraftFit:
-    """How well this draft predicts this target, measured on the target's own greedy answer: the
-    draft's mean top-j probabilities there, and r = Σ [draft's top-1 = target's token] ÷ Σ top-1 p̂."""
-
-    profile: np.ndarray  # (PROFILE_LEN,) mean top-j probabilities of the draft's distributions
-    ratio: float  # accepted ÷ predicted for a one-token draft at each position
-    tokens: int  # positions it was measured on
-    runs: tuple[float, ...] = ()  # [n − 1]: share of positions where its top-1 is right n times in a row
 
 
 @dataclass

@@ -255,3 +255,14 @@ def parallel_ceiling(costs: CostModel, masks: int, cap: int) -> float:
     n = np.arange(1, max(min(cap, masks + 1), 1) + 1)
     seconds = costs.k(1 + masks) + costs.t(n + 1) + costs.overhead
     return float(np.max((1.0 + n) / seconds))
+
+
+@dataclass(frozen=True)
+class DraftFit:
+    """How well this draft predicts this target, measured on the target's own greedy answer: the
+    draft's mean top-j probabilities there, and r = Σ [draft's top-1 = target's token] ÷ Σ top-1 p̂."""
+
+    profile: np.ndarray  # (PROFILE_LEN,) mean top-j probabilities of the draft's distributions
+    ratio: float  # accepted ÷ predicted for a one-token draft at each position
+    tokens: int  # positions it was measured on
+    runs: tuple[float, ...] = ()  # [n − 1]: share of positions where its top-1 is right n times in a row

@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 import numpy as np
 
 if TYPE_CHECKING:
-    from .auto import CostModel
-    from .auto_calibration import DraftFit
+    from .costmodel import CostModel, DraftFit
 
 
 class ChildRule(IntEnum):

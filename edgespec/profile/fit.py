@@ -31,7 +31,8 @@ import numpy as np
 from ..decoding.chat import ChatSettings, Message, prompt_tokens
 from ..decoding.decoder import Request, generate
 from ..errors import EngineError
-from ..planner.auto_calibration import PROFILE_LEN, DraftFit
+from ..planner.auto_calibration import PROFILE_LEN
+from ..planner.costmodel import DraftFit
 from ..planner.tree import TreeBuilder
 from .store import file_key, llama_version, profile_path, write_json
 
