@@ -95,6 +95,11 @@ class ChatEngine(Protocol):
         the last reply), at most a fraction of a second; True while more is left."""
         ...
 
+    def cache_info(self) -> dict:
+        """The prompt cache's state (conversations kept, bytes, budget, saves, restores) and the tokens
+        the contexts hold: numbers only, never text (/health shows them to a key holder)."""
+        ...
+
     def close(self) -> None: ...
 
 

@@ -48,6 +48,8 @@ class _Ctx:
 
 
 class SyntheticTarget:
+    remote = False  # as ``engine.Target``'s: its layers on this machine
+
     def __init__(self, p: np.ndarray, costs: CostModel, clock: VirtualClock):
         self.logits = np.log(p).astype(np.float32)  # row a: the target's logits after token a
         self.costs, self.clock, self.ctx = costs, clock, _Ctx()

@@ -56,13 +56,17 @@ class FakeRunner(CachedModel):
 class FakePair:
     def __init__(self):
         self.target, self.draft = FakeRunner(), FakeRunner()
-        self._adapter = None
+        self.draft_adapter = None
+
+    def forget(self) -> None:
+        for runner in (self.target, self.draft):
+            CachedModel.sync(runner, [])
 
 
-def answer(pair: FakePair, cache: PromptCache, prompt: list[int], reply: list[int]) -> int:
+def answer(pair: FakePair, cache: PromptCache, prompt: list[int], reply: list[int], scope=()) -> int:
     """What the engine does for one request: prepare, sync both models, decode the reply; returns the
     tokens decoded for the prompt."""
-    cache.prepare(prompt)
+    cache.prepare(prompt, scope)
     before = pair.target.ctx.decoded
     pair.target.sync(prompt)
     pair.draft.sync(prompt)
@@ -152,7 +156,7 @@ def test_a_small_loss_is_not_saved_and_other_draft_weights_are_not_restored():
     assert cache.saves == 0
     answer(pair, cache, conversation(2, 1)[0], [7] * 40)
     answer(pair, cache, conversation(3, 1)[0], [8] * 40)  # conversation 2 saved
-    pair._adapter = object()  # the draft now has other weights: its saved cells are useless
+    pair.draft_adapter = object()  # the draft now has other weights: its saved cells are useless
     answer(pair, cache, conversation(2, 1)[0] + [7] * 40 + [9], [1])
     assert cache.restores == 0
 
@@ -169,3 +173,19 @@ def test_timings_count_only_decoded_prompt_tokens():
     assert timings["prompt_n"] == 20 and timings["cache_n"] == 100
     assert timings["prompt_per_second"] == 40.0
     assert usage["prompt_tokens"] == 120 and usage["prompt_tokens_details"] == {"cached_tokens": 100}
+
+
+def test_scopes_never_reuse_each_others_cells():
+    """A prompt of another scope (API key, client cache key) decodes in full whatever the caches hold,
+    live or saved, and each scope still reuses its own conversations."""
+    pair = FakePair()
+    cache = PromptCache(pair, budget=10**9)
+    secret = conversation(1, 1)[0]
+    answer(pair, cache, secret, [7] * 20, scope=("a",))
+    assert answer(pair, cache, secret, [5] * 20, scope=("b",)) == len(secret)  # the same text: none reused
+    assert pair.target.ctx.cells[: len(secret)] == secret  # (decoded again, by b)
+    assert answer(pair, cache, secret + [7] * 20 + [9], [1], scope=("a",)) == 1  # a's saved one is back
+    assert answer(pair, cache, secret + [5] * 5 + [6], [1], scope=("b",)) == 1  # b's own, from its save
+    no_budget = PromptCache(FakePair(), budget=0)
+    answer(no_budget.pair, no_budget, secret, [7] * 20, scope=("a",))
+    assert answer(no_budget.pair, no_budget, secret, [5], scope=("b",)) == len(secret)

@@ -36,6 +36,9 @@ class Scripted:
     def context_used(self):
         return 0
 
+    def cache_info(self) -> dict:
+        return {}
+
     def prepare(self, planner, on_progress):
         pass
 

@@ -90,6 +90,9 @@ class FakeEngine:
     def idle(self) -> bool:
         return False
 
+    def cache_info(self) -> dict:
+        return {"conversations": 0, "live_tokens": self.used}
+
     def forget(self) -> None:
         self.used = 0
 

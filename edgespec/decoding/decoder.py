@@ -269,7 +269,7 @@ def _look_ahead(draft, planner: Planner, target, tree: DraftTree):
     accepts that path — after catching up, when the step drafted nothing (a root-only tree decoded
     plainly, or copies). None where nothing can overlap the verify (a target on this machine), or for
     a planner whose drafting would not pay even done meanwhile (``Planner.may_look_ahead``)."""
-    if not (getattr(target.ctx, "remote", False) and planner.may_look_ahead):  # a local target: no question
+    if not (target.remote and planner.may_look_ahead):  # a local target: no question
         return None
     # the last decode of the same kind: the next tree is usually of the same size
     expected = target.verify_seconds if tree.size > 1 else target.plain_seconds

@@ -136,7 +136,7 @@ class PromptCache:
         return conversation.draft is None or conversation.draft_weights == self._draft_weights()
 
     def _draft_weights(self) -> object:
-        return getattr(self.pair, "_adapter", None)
+        return self.pair.draft_adapter
 
     def _save_live(self, chosen: _Conversation | None) -> None:
         target, draft = self.pair.target, self.pair.draft

@@ -155,6 +155,11 @@ class ModelPair:
         self.draft.mask_ids = spec.mask_ids
         return spec
 
+    @property
+    def draft_adapter(self) -> LoraAdapter | None:
+        """The draft's LoRA adapter now in use (None: the plain draft): KV it computed is its own."""
+        return self._adapter
+
     def _adapter_path(self) -> str | None:
         return self._adapter.path if self._adapter is not None else None
 

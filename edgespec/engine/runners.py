@@ -41,6 +41,11 @@ class CachedModel:
     def n_ctx(self) -> int:
         return self.ctx.n_ctx
 
+    @property
+    def remote(self) -> bool:
+        """Whether its layers run on RPC servers (a decode waits on the network: work may overlap it)."""
+        return self.ctx.remote
+
     def close(self) -> None:
         self.ctx.close()
 

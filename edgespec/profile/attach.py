@@ -27,7 +27,7 @@ def attach(
             shown = progress
             progress = lambda what, done, total: shown(f"measuring this pair (once): {what}", done, total)  # noqa: E731
         cached = cached or load_or_measure(pair, quick=True, progress=progress, home=home)
-        ahead = getattr(pair.target.ctx, "remote", False)  # on RPC servers: the draft looks ahead meanwhile
+        ahead = pair.target.remote  # on RPC servers: the draft looks ahead meanwhile
         planner.use_costs(replace(cached.model(pair.max_nodes - 1), look_ahead=ahead))
         if planner.wants_fit and (fit := fit or measure_and_save_fit(pair, progress, home)):
             planner.use_fit(fit)

@@ -287,7 +287,7 @@ def measure(
     # ask every server the allocation size of the graph's new tensors, a round trip each (measured:
     # +0.5 s at 20 ms one way, +1.4 s at 50 ms; median of two repeats, one of them paying it, was up
     # to 2.4x the cost of 9–64 tokens).
-    remote = getattr(pair.target.ctx, "remote", False)
+    remote = pair.target.remote
     warmup = [(curve, n) for curve, n in plan if n <= 8 or (remote and curve == "target")]
     total = len(warmup) + len(plan) * repeats
     done = 0

@@ -112,9 +112,8 @@ def create_app(
         if keys and getattr(request.state, "key", None) is None:
             return JSONResponse({"status": "ok"})  # without the key: only that the server is up
         health = {"status": "ok", "model": defaults.model, "waiting": worker.waiting}
-        cache_info = getattr(worker.session.engine, "cache_info", None) if worker.session else None
-        if cache_info is not None:
-            health["prompt_cache"] = cache_info()  # read across threads: numbers, possibly a step old
+        if worker.session is not None:  # read across threads: numbers, possibly a step old
+            health["prompt_cache"] = worker.session.engine.cache_info()
         return JSONResponse(health)
 
     async def api_error(request: Request, exc: ApiError) -> Response:
