@@ -272,7 +272,7 @@ def test_bench_server_measures_or_says_what_the_server_got_wrong(answer, sets, c
     from canned_server import canned_server
 
     from edgespec.errors import EdgespecError
-    from edgespec.server.bench_client import measure
+    from edgespec.measure.bench_client import measure
 
     args = Namespace(sets=sets, api_key=None, model=None, max_tokens=2, prompts="quick", json=None)
     with canned_server() as (server, url):

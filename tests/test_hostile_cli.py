@@ -275,7 +275,7 @@ def test_13_bench_server_with_a_bad_url_is_one_line(tmp_path, url):
 
 
 def test_13_bench_server_stops_reading_an_endless_answer(capsys, canned, monkeypatch):
-    from edgespec.server import bench_client
+    from edgespec.measure import bench_client
 
     monkeypatch.setattr(bench_client, "REPLY_MAX_BYTES", 2**20)
     canned.reply = (200, SSE, b"data: " + b"x" * (4 * 2**20))  # one line, never ended
@@ -296,7 +296,7 @@ def test_13_bench_server_stops_reading_an_endless_answer(capsys, canned, monkeyp
 )
 def test_13_bench_refuses_what_it_could_not_use_before_measuring(capsys, home, monkeypatch, flags, words):
     from edgespec import options
-    from edgespec.server import bench_client
+    from edgespec.measure import bench_client
 
     def never(*args, **kwargs):
         raise AssertionError("measuring started")

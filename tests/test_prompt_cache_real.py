@@ -20,7 +20,7 @@ from realmodels import bundled_paths, measure_batch_noise
 
 from edgespec.decoding.chat import ChatSettings, Message
 from edgespec.decoding.events import GenerationStats
-from edgespec.server.bench_client import CONVERSATION as TURNS
+from edgespec.measure.bench_client import CONVERSATION as TURNS
 
 pytestmark = pytest.mark.model
 

@@ -18,8 +18,8 @@ import pytest
 from hostile import Served
 from realmodels import bundled_paths
 
-from edgespec.server.bench_client import CONVERSATION as TURNS
-from edgespec.server.bench_client import TOOLS
+from edgespec.measure.bench_client import CONVERSATION as TURNS
+from edgespec.measure.bench_client import TOOLS
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.model

@@ -154,7 +154,7 @@ def run(args) -> int:
     if args.server:
         args.prompts = args.prompts or "quick"
         args.max_tokens = args.max_tokens or QUICK_MAX_TOKENS
-        from ..server.bench_client import measure  # the server's client: httpx, nothing of the models
+        from ..measure.bench_client import measure  # the server's client: httpx, nothing of the models
 
         check_outputs(args)
         return measure(args.server, args)

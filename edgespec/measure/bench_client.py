@@ -21,7 +21,7 @@ from time import perf_counter
 import httpx
 
 from ..errors import EdgespecError
-from ..measure.prompts import load_prompts
+from .prompts import load_prompts
 
 SETS = ("prompts", "conversation", "tools")
 TIMEOUT = 600.0
