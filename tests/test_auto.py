@@ -12,7 +12,7 @@ from edgespec.decoding.decoder import Request, generate
 from edgespec.decoding.events import EmittedToken, Provenance, StepEvent, StepTimings
 from edgespec.decoding.sampling import SamplingParams
 from edgespec.planner.auto import COPY, PARALLEL, PLAIN, PROBE, SPECULATE, AutoPlanner
-from edgespec.planner.auto_guard import Guard
+from edgespec.planner.auto.guard import Guard
 from edgespec.planner.costmodel import CostModel, best_size, ceiling, simulate
 from edgespec.planner.strategies import PARAM_NAMES
 from edgespec.planner.strategies import build as make_planner

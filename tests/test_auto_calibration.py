@@ -1,4 +1,4 @@
-"""auto's acceptance curve (planner/auto_acceptance.py): the chance a draft guess is right as a function
+"""auto's acceptance curve (planner/auto/acceptance.py): the chance a draft guess is right as a function
 of its probability q, σ(a·logit q + b), learnt from one trial per accepted node — against a target
 that takes each draft token with exactly the curve's chance."""
 
@@ -10,7 +10,7 @@ from fakes import SyntheticDrafter, sparse
 
 from edgespec.decoding.events import EmittedToken, Provenance, StepEvent, StepTimings
 from edgespec.planner.auto import SPECULATE, AutoPlanner
-from edgespec.planner.auto_acceptance import Acceptance, calibrated, trials
+from edgespec.planner.auto.acceptance import Acceptance, calibrated, trials
 from edgespec.planner.costmodel import CostModel
 from edgespec.planner.tree import DraftTree, PlanContext, TreeBuilder
 

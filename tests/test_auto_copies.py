@@ -12,7 +12,7 @@ from test_auto import C1, confident, memory_bound
 from edgespec.decoding.decoder import Request, generate
 from edgespec.decoding.events import EmittedToken, Provenance, StepEvent, StepTimings
 from edgespec.planner.auto import COPY, PLAIN, SPECULATE, AutoPlanner
-from edgespec.planner.auto_copies import Unverified
+from edgespec.planner.auto.copies import Unverified
 from edgespec.planner.costmodel import CostModel
 from edgespec.planner.ngram import CopyTrie, prior_rate
 from edgespec.planner.tree import PlanContext

@@ -1,4 +1,4 @@
-"""`auto`'s guard (planner/auto_guard.py): within an answer, speculation that delivers fewer tokens per
+"""`auto`'s guard (planner/auto/guard.py): within an answer, speculation that delivers fewer tokens per
 second than plain decoding stops, even where the cost model says it pays — on the decoder's own step
 over a synthetic engine whose clock follows the *true* cost curves (tests/synthetic_engine.py), while
 auto decides with a *wrong* profile it is not allowed to correct. And where speculation pays, the guard
@@ -16,11 +16,11 @@ from fakes import sparse
 from synthetic_engine import SyntheticEngine
 
 from edgespec.decoding.sampling import SamplingParams
-from edgespec.planner import auto_guard
 from edgespec.planner.auto import COPY, PLAIN, AutoPlanner
-from edgespec.planner.auto_calibration import Calibration
-from edgespec.planner.auto_copies import CopySteps
-from edgespec.planner.auto_guard import (
+from edgespec.planner.auto import guard as auto_guard
+from edgespec.planner.auto.calibration import Calibration
+from edgespec.planner.auto.copies import CopySteps
+from edgespec.planner.auto.guard import (
     CALM_STEPS,
     FIRST_BACKOFF,
     LOSS_BUDGET,

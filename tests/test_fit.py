@@ -13,7 +13,7 @@ from fakes import SyntheticDrafter, sparse
 
 from edgespec.decoding.chat import ChatSettings, Message, prompt_tokens
 from edgespec.planner.auto import PLAIN, SPECULATE, AutoPlanner
-from edgespec.planner.auto_calibration import PRIOR_PROFILE
+from edgespec.planner.auto.calibration import PRIOR_PROFILE
 from edgespec.planner.costmodel import CostModel, DraftFit
 from edgespec.planner.tree import PlanContext
 from edgespec.profile import costs, fit
@@ -213,7 +213,7 @@ def test_over_rpc_trees_are_sized_on_curves_that_charge_a_new_size_its_one_off()
     (÷ ``ONE_OFF_SHARE``) to every size the target has not decoded yet in the curves trees are sized
     on, to none it has, and not at all in the curves that decide whether to draft; a local target is
     charged nothing."""
-    from edgespec.planner.auto_calibration import ONE_OFF_SHARE, Calibration
+    from edgespec.planner.auto.calibration import ONE_OFF_SHARE, Calibration
 
     def first_verify(look_ahead: bool) -> Calibration:
         cal = Calibration()

@@ -288,8 +288,8 @@ def test_a_level_the_look_ahead_decoded_is_not_counted_as_drafting(known, monkey
     import numpy as np
     from test_fit import SLOW_LINK
 
-    from edgespec.planner import auto_trees
-    from edgespec.planner.auto_acceptance import Acceptance
+    from edgespec.planner.auto import trees as auto_trees
+    from edgespec.planner.auto.acceptance import Acceptance
     from edgespec.planner.growth import Growth
 
     growth = Growth.from_root(7)

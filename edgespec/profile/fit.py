@@ -14,7 +14,7 @@ measured instead, on the target's own greedy answers to a few built-in requests 
    one-token draft at position i is accepted exactly when its top-1 is the target's token;
 4. runs[n − 1] = share of positions i from which argmax q = x holds n times in a row (i … i + n − 1):
    how often a greedy chain of n − 1 is accepted whole and the draft guesses the token after it too
-   (what the draft's look-ahead over RPC needs: ``auto_calibration``).
+   (what the draft's look-ahead over RPC needs: ``auto.calibration``).
 
 It depends on the two model files only (not the threads, the offload or the link), so it is cached
 beside the cost profiles, keyed by them: ``<data home>/profiles/fit-<key>.json``.
@@ -31,7 +31,7 @@ import numpy as np
 from ..decoding.chat import ChatSettings, Message, prompt_tokens
 from ..decoding.decoder import Request, generate
 from ..errors import EngineError
-from ..planner.auto_calibration import PROFILE_LEN
+from ..planner.auto.calibration import PROFILE_LEN
 from ..planner.costmodel import DraftFit
 from ..planner.tree import TreeBuilder
 from .store import file_key, llama_version, profile_path, write_json

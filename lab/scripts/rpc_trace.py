@@ -29,7 +29,7 @@ from edgespec import cli
 from edgespec.measure import runner
 from edgespec.measure.netdelay import DelayProxy
 from edgespec.planner.auto import AutoPlanner
-from edgespec.planner.auto_trees import AutoGrowth
+from edgespec.planner.auto.trees import AutoGrowth
 
 SERVERS = (50162, 50163)
 PROXIES = (50172, 50173)  # + 2 × the delay in ms: a profile per delay (it is keyed by the addresses)

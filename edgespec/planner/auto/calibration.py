@@ -5,7 +5,7 @@
   ratio for plain decoding — so a profile taken on a busy machine is corrected, whatever the load now.
   Over RPC a batch size the target has not decoded yet costs more once (``one_off``): trees are sized
   on curves that charge it (``sizing``).
-- **the acceptance curve** (``auto_acceptance``): the chance the draft's guess is the target's token
+- **the acceptance curve** (``acceptance``): the chance the draft's guess is the target's token
   as a function of its probability q, learnt from the verified trees' trials. A node's chance is the
   product of its path's; a tree's expected yield their Σ. Over RPC a step that drafted nothing counts
   too: the draft guessed its root's next token while the target decoded (``learn_guess``).
@@ -18,7 +18,7 @@
 - **one-pass trees** (ParallelSpec): their own r (the masks' rows are not the draft's), and the
   expected length and size they came to.
 
-The copies' calibration r_c is ``auto_copies.CopySteps``'s.
+The copies' calibration r_c is ``copies.CopySteps``'s.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .auto_acceptance import Acceptance, trials
-from .costmodel import CostModel, DraftFit
-from .tree import SparseDist
+from ..costmodel import CostModel, DraftFit
+from ..tree import SparseDist
+from .acceptance import Acceptance, trials
 
 PROFILE_LEN = 4  # children predicted per expanded node in forecasts
 PRIOR_PROFILE = np.array([0.6, 0.12, 0.05, 0.03])  # a typical draft's top-j probabilities

@@ -1,10 +1,10 @@
 """``auto``'s tree builders: a draft tree grown level by level, or a one-pass ParallelSpec tree — each
-sized for the best expected rate of its step under auto's curves (``auto_calibration``).
+sized for the best expected rate of its step under auto's curves (``calibration``).
 
 **Level by level** (``level_tree``): the best-first growth OPT-Tree and ``hybrid`` share
 (``growth.grow``), with auto's policy ``AutoGrowth``. Candidates are each expanded node's
 ``CHILDREN_KEPT`` likeliest tokens; auto ranks them by their p̂, the product along the path of the
-chance each token is right given its draft probability q (``auto_acceptance``). After each level,
+chance each token is right given its draft probability q (``acceptance``). After each level,
 ``costmodel.deepen`` forecasts whether one more level — its w best expandable candidates, their
 children predicted from the step's distributions so far — beats stopping now: the rate
 
@@ -30,12 +30,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .auto_acceptance import Acceptance
-from .costmodel import CostModel, best_size, deepen, expandable_within
-from .growth import Growth, admit_top, grow
-from .ngram import Copier, CopyTrie
-from .parallel import grow as grow_one_pass
-from .tree import Drafter, DraftTree, PlanContext, PlanStats, SparseDist, TreeBuilder, step_seed
+from ..costmodel import CostModel, best_size, deepen, expandable_within
+from ..growth import Growth, admit_top, grow
+from ..ngram import Copier, CopyTrie
+from ..parallel import grow as grow_one_pass
+from ..tree import Drafter, DraftTree, PlanContext, PlanStats, SparseDist, TreeBuilder, step_seed
+from .acceptance import Acceptance
 
 CHILDREN_KEPT = 8  # candidates per expanded node that may enter the tree
 PROFILE_LEN = 4  # children predicted per expanded node in forecasts

@@ -52,7 +52,7 @@ def calibrated(q, a: float, b: float) -> np.ndarray:
 def trials(tree, path) -> list[tuple[float, bool]]:
     """A verified tree's trials: at each node of the accepted ``path`` (root first) with drafted children,
     (q of the likeliest of them — the draft's top-1 guess, which auto always keeps — and whether the
-    path goes on through it). (Copies' children are the copies' evidence, ``auto_copies``.)"""
+    path goes on through it). (Copies' children are the copies' evidence, ``copies``.)"""
     out = []
     for i, node in enumerate(path):
         kids = [u for u in tree.children(node) if not tree.copied_flags[u]]

@@ -2,15 +2,15 @@
 
 Per step, three parts, each its own module:
 
-1. **calibration** (``auto_calibration``; the copies' ``auto_copies``): the pair's measured cost
+1. **calibration** (``calibration``; the copies' ``copies``): the pair's measured cost
    curves, corrected by what steps really took, and how well the draft's and the copies' estimates
    predict what the target accepts — learned from every step through ``observe``;
-2. **policy** (``auto_policy``): plain decoding, copies alone, or a draft tree, whichever the cost
-   model forecasts the most tokens per second from — overruled by the **guard** (``auto_guard``),
+2. **policy** (``policy``): plain decoding, copies alone, or a draft tree, whichever the cost
+   model forecasts the most tokens per second from — overruled by the **guard** (``guard``),
    which compares what speculative steps actually delivered in this answer with plain decoding's
    measured speed, and stops a kind of speculation that loses (retrying it rarely), so that auto
    does not lose to plain decoding even where the cost model is wrong;
-3. **tree builder** (``auto_trees``): the chosen tree, sized for the step's best expected rate —
+3. **tree builder** (``trees``): the chosen tree, sized for the step's best expected rate —
    grown best-first level by level (``growth``, as OPT-Tree and ``hybrid``), or in one ParallelSpec
    pass, or the conversation's copies alone.
 
@@ -24,20 +24,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import params
-from .auto_acceptance import Acceptance
-from .auto_calibration import Calibration
-from .auto_copies import CopySteps
-from .auto_guard import CATCH_UP_FREE, Guards
-from .auto_policy import COPY, DRAFTING, MODES, PARALLEL, PLAIN, PROBE, SPECULATE, Policy
-from .auto_trees import AutoGrowth, level_tree, one_pass_tree
-from .costmodel import CostModel, DraftFit
-from .ngram import Copier
-from .parallel import ADAPTER_HELP
-from .params import param
-from .tree import Drafter, DraftSetup, DraftTree, PlanContext, Planner, TreeBuilder
+from .. import params
+from ..costmodel import CostModel, DraftFit
+from ..ngram import Copier
+from ..parallel import ADAPTER_HELP
+from ..params import param
+from ..tree import Drafter, DraftSetup, DraftTree, PlanContext, Planner, TreeBuilder
+from .acceptance import Acceptance
+from .calibration import Calibration
+from .copies import CopySteps
+from .guard import CATCH_UP_FREE, Guards
+from .policy import COPY, DRAFTING, MODES, PARALLEL, PLAIN, PROBE, SPECULATE, Policy
+from .trees import AutoGrowth, level_tree, one_pass_tree
 
-__all__ = ["COPY", "PARALLEL", "PLAIN", "PROBE", "SPECULATE", "AutoPlanner", "CostModel"]
+__all__ = ["AutoPlanner"]
 
 PROBE_PROFILE = np.array([0.9, 0.05, 0.02, 0.01])  # what a probe hopes the draft to be (at least)
 ACTIVITY = {

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .costmodel import CostModel, best_size
-from .ngram import CopyTrie
+from ..costmodel import CostModel, best_size
+from ..ngram import CopyTrie
 
 PRIOR = 8.0  # r_c's prior (1) counts as this many predicted copied tokens
 FADE = 0.97  # per step: the copy steps' evidence fades towards the prior

@@ -1,12 +1,12 @@
 """``auto``'s policy: each step, plain decoding, copies alone, or a draft tree — as the cost model
-forecasts, overruled by the guard (``auto_guard``) where speculation has been losing in this answer.
+forecasts, overruled by the guard (``guard``) where speculation has been losing in this answer.
 
 A step's forecast rate is its expected tokens per second,
 
     rate = (1 + E) / (drafting + c_t(m + 1) + overhead),     plain decoding: 1 / c_t(1),
 
 E the tree's Σ p̂, each p̂ the product along its path of the chance that each token is right, given
-the probability q the draft gave it (``auto_acceptance``).
+the probability q the draft gave it (``acceptance``).
 
 1. **Could speculation ever pay?** With every draft token accepted, the best a step can do is a
    chain of n: (1 + n) / (catch-up(1) + (n − 1) · d(1) + c_t(n + 1)) (``costmodel.ceiling``; one-pass
@@ -21,7 +21,7 @@ the probability q the draft gave it (``auto_acceptance``).
    which grows by ``probe_budget`` × every step's time within the answer (an answer starts with no
    credit, only the debts of earlier probes: credit carried over from earlier answers spent itself
    on one 48-token answer's first steps, 11 % of its time on the Xeon; short answers now never probe).
-4. **Copies** (``auto_copies.CopySteps``): verified alone when their best size's rate beats plain
+4. **Copies** (``copies.CopySteps``): verified alone when their best size's rate beats plain
    decoding and the draft's forecast.
 5. **The look-ahead** (a target on RPC servers: the draft works while the target verifies) runs only
    while a tree whose drafting cost nothing would beat plain decoding (``free_trees_pay``): where even
@@ -35,11 +35,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .auto_calibration import Calibration
-from .auto_copies import CopySteps, Unverified
-from .auto_guard import Guards
-from .costmodel import Choice, CostModel, ceiling, parallel_ceiling, simulate
-from .ngram import CopyTrie
+from ..costmodel import Choice, CostModel, ceiling, parallel_ceiling, simulate
+from ..ngram import CopyTrie
+from .calibration import Calibration
+from .copies import CopySteps, Unverified
+from .guard import Guards
 
 HORIZON = 8  # the draft's catch-up after plain steps is spread over this many speculative steps
 MARGIN = 0.03  # speculate when the forecast beats plain decoding by this fraction

@@ -33,7 +33,7 @@ catch-up is known to lose more than ``LOSS_BUDGET`` (on a CPU it can cost as muc
 drafts retry at the next answer instead (the policy prices its catch-up on the prompt there).
 
 Copies cost nothing to propose, so while they wait, the copy trees auto would have verified are
-followed along what the target writes (``auto_copies.Unverified``): each is an imagined copy step
+followed along what the target writes (``copies.Unverified``): each is an imagined copy step
 that would have delivered its accepted copies + 1 tokens in the time copy steps took — the median of
 the last ``RECENT``: one huge tree that lost (47 copies among 7-copy steps) had raised their average
 to most of its own time, every imagined tree after it lost, and copies stayed off for the rest of the
@@ -59,7 +59,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .auto_copies import Unverified
+from .copies import Unverified
 
 DECAY = 0.9  # per step of its kind: evidence older than ~10 steps fades
 LOSS_BUDGET = 2.0  # tokens a kind may lose (weighted Σ of its excess) before it is stopped

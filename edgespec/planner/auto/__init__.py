@@ -1,0 +1,14 @@
+"""``auto``: speculate only as much as this hardware pays for — and not at all when it does not.
+
+``planner`` (``AutoPlanner``: calibration → policy → tree builder, per step), ``calibration``
+(learned cost factors, the draft's profile), ``acceptance`` (the chance a draft guess is right, by its
+probability), ``copies`` (the copies' r_c and when copies alone pay), ``policy`` (plain, copies or a
+tree, from the forecast), ``guard`` (delivered tokens/s against plain decoding within an answer:
+stops what loses), ``trees`` (level trees through ``growth``, one-pass trees).
+"""
+
+from ..costmodel import CostModel
+from .planner import AutoPlanner
+from .policy import COPY, PARALLEL, PLAIN, PROBE, SPECULATE
+
+__all__ = ["COPY", "PARALLEL", "PLAIN", "PROBE", "SPECULATE", "AutoPlanner", "CostModel"]
