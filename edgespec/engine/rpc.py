@@ -21,6 +21,9 @@ that stops answering blocks a decode for ever. So:
   lost server and wait for ever — so those objects leak, and RPC stays unusable in this process until
   it restarts (llama.cpp keeps one connection per endpoint and cannot reconnect it).
 
+The server side (``serve``) runs llama.cpp's server in a child process, behind a proxy that checks
+each message (rpc_backend.py, rpc_child.py, rpc_proxy.py, rpc_session.py, rpc_protocol.py).
+
 Where the layers go. With a local GPU, the device list is the RPC devices, then the GPU (llama.cpp's
 own order, ``llama_prepare_model_devices``): the last layers, the output layer and the logits stay
 local. With this machine's CPU, listing the CPU as a device gives the graph two CPU backends (the
@@ -360,19 +363,11 @@ def local_devices(lib, gpu: bool) -> list[int]:
     return gpus or [lib.ggml_backend_dev_by_type(_CPU)]
 
 
-def serve(endpoint: str, threads: int, cache_dir: str | None) -> threading.Thread:
-    """Start llama.cpp's RPC server for this machine's GPUs (else its CPU) on a daemon thread and return
-    the thread: ``ggml_backend_rpc_start_server`` serves one client after another until the process
-    ends, and returns early only when it cannot listen (it prints why)."""
-    lib = _library()
-    devices = local_devices(lib, gpu=True)
-    array = (ctypes.c_void_p * len(devices))(*devices)
-    cache = cache_dir.encode() if cache_dir else None
-    thread = threading.Thread(
-        target=lib.ggml_backend_rpc_start_server,
-        args=(endpoint.encode(), cache, threads, len(devices), array),
-        name="edgespec-rpc-server",
-        daemon=True,
-    )
-    thread.start()
-    return thread
+def serve(endpoint: str, threads: int, cache_dir: str | None):
+    """Start llama.cpp's RPC server for this machine's GPUs (else its CPU) on ``endpoint`` in a child
+    process (rpc_backend.py, rpc_child.py: a crafted message that aborts it costs the child, not the
+    caller) and return its handle (``is_alive``, ``join``, ``stop``). ``edgespec rpc-server`` puts it
+    on a loopback port behind its proxy (rpc_proxy.py)."""
+    from .rpc_backend import start
+
+    return start(endpoint, threads, cache_dir)
