@@ -17,20 +17,14 @@ from synthetic_engine import SyntheticEngine
 
 from edgespec.decoding.sampling import SamplingParams
 from edgespec.planner.auto import COPY, PLAIN, AutoPlanner
-from edgespec.planner.auto import guard as auto_guard
 from edgespec.planner.auto.calibration import Calibration
 from edgespec.planner.auto.copies import CopySteps
-from edgespec.planner.auto.guard import (
-    CALM_STEPS,
-    FIRST_BACKOFF,
-    LOSS_BUDGET,
-    MIN_STEPS,
-    RETRY_SHARE,
-    Evidence,
-    Guard,
-    Guards,
-)
+from edgespec.planner.auto.guard import Evidence, Guard, Guards
+from edgespec.planner.auto.tuning import TUNING
 from edgespec.planner.costmodel import CostModel
+
+CALM_STEPS, FIRST_BACKOFF, LOSS_BUDGET = TUNING.calm_steps, TUNING.first_backoff, TUNING.loss_budget
+MIN_STEPS, RETRY_SHARE = TUNING.min_steps, TUNING.retry_share
 
 V, C1 = 32, 0.05  # vocabulary; seconds of a plain decode
 SAMPLED = SamplingParams(temperature=1.0, seed=1)
@@ -331,4 +325,4 @@ def test_status_says_what_auto_is_doing_and_why(wrong_and_stubborn):
 
 
 def test_guard_constants_are_sane():
-    assert auto_guard.MIN_STEPS >= 2 and auto_guard.RETRY_SHARE <= 0.05
+    assert TUNING.min_steps >= 2 and TUNING.retry_share <= 0.05

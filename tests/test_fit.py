@@ -13,7 +13,7 @@ from fakes import SyntheticDrafter, sparse
 
 from edgespec.decoding.chat import ChatSettings, Message, prompt_tokens
 from edgespec.planner.auto import PLAIN, SPECULATE, AutoPlanner
-from edgespec.planner.auto.calibration import PRIOR_PROFILE
+from edgespec.planner.auto.tuning import TUNING
 from edgespec.planner.costmodel import CostModel, DraftFit
 from edgespec.planner.tree import PlanContext
 from edgespec.profile import costs, fit
@@ -177,7 +177,7 @@ def test_a_target_that_ends_every_request_at_once_leaves_auto_its_prior(tmp_path
     assert fit.measure_fit(silent) is None
     planner = AutoPlanner()
     attach(planner, silent, home=tmp_path)  # measures the cost profile; no fit to give
-    assert planner.costs is not None and planner.calibration.profile.tolist() == PRIOR_PROFILE.tolist()
+    assert planner.costs is not None and planner.calibration.profile.tolist() == TUNING.prior_profile.tolist()
     assert not list((tmp_path / "profiles").glob("fit-*.json"))  # nothing cached: tried again next time
 
 
@@ -210,10 +210,10 @@ def test_over_rpc_plain_steps_keep_the_curve_current_from_the_drafts_free_guesse
 
 def test_over_rpc_trees_are_sized_on_curves_that_charge_a_new_size_its_one_off():
     """Over RPC the first verify of a batch size pays one-off round trips: measured once, it is charged
-    (÷ ``ONE_OFF_SHARE``) to every size the target has not decoded yet in the curves trees are sized
+    (÷ ``one_off_share``) to every size the target has not decoded yet in the curves trees are sized
     on, to none it has, and not at all in the curves that decide whether to draft; a local target is
     charged nothing."""
-    from edgespec.planner.auto.calibration import ONE_OFF_SHARE, Calibration
+    from edgespec.planner.auto.calibration import Calibration
 
     def first_verify(look_ahead: bool) -> Calibration:
         cal = Calibration()
@@ -227,7 +227,7 @@ def test_over_rpc_trees_are_sized_on_curves_that_charge_a_new_size_its_one_off()
     assert remote.one_off == pytest.approx(0.3) and remote.batch_factor == 1.0  # no evidence of batches
     sizing = remote.sizing(warm)
     assert float(sizing.t(3)) == pytest.approx(float(SLOW_LINK.t(3)))  # paid for
-    assert float(sizing.t(4)) == pytest.approx(float(SLOW_LINK.t(4)) + 0.3 / ONE_OFF_SHARE)
+    assert float(sizing.t(4)) == pytest.approx(float(SLOW_LINK.t(4)) + 0.3 / TUNING.one_off_share)
     assert float(sizing.t(1)) == float(SLOW_LINK.t(1))
     assert float(remote.effective.t(4)) == pytest.approx(float(SLOW_LINK.t(4)))
     assert local.one_off == 0.0 and local.sizing(warm) is local.effective

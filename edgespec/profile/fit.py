@@ -31,7 +31,7 @@ import numpy as np
 from ..decoding.chat import ChatSettings, Message, prompt_tokens
 from ..decoding.decoder import Request, generate
 from ..errors import EngineError
-from ..planner.auto.calibration import PROFILE_LEN
+from ..planner.auto.tuning import PROFILE_LEN
 from ..planner.costmodel import DraftFit
 from ..planner.tree import TreeBuilder
 from .store import file_key, llama_version, profile_path, write_json

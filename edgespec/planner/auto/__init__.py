@@ -4,7 +4,8 @@
 (learned cost factors, the draft's profile), ``acceptance`` (the chance a draft guess is right, by its
 probability), ``copies`` (the copies' r_c and when copies alone pay), ``policy`` (plain, copies or a
 tree, from the forecast), ``guard`` (delivered tokens/s against plain decoding within an answer:
-stops what loses), ``trees`` (level trees through ``growth``, one-pass trees).
+stops what loses), ``trees`` (level trees through ``growth``, one-pass trees); ``tuning`` (the tuned
+constants they read, each once: ``TUNING``).
 """
 
 from ..costmodel import CostModel

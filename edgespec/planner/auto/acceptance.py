@@ -12,8 +12,8 @@ log-odds,
 
 (the three prompts: a ≈ 0.8, b ≈ 1.4), fitted by weighted maximum likelihood to **trials**: at each
 node of a verified tree's accepted path whose draft children it held, was the target's next token the
-draft's top-1 child (q its probability)? Older trials fade by ``DECAY`` per step; a Gaussian prior
-(``PRIOR_WEIGHT``) holds (a, b) near where the pair's fit puts them (``Calibration.use_fit``)
+draft's top-1 child (q its probability)? Older trials fade by ``acceptance_decay`` per step; a Gaussian prior
+(``acceptance_prior_weight``) holds (a, b) near where the pair's fit puts them (``Calibration.use_fit``)
 until trials say otherwise. A node's chance is the product of its path's chances, each capped so that
 siblings share at most 1 (``calibrated``): the top m nodes by it still form a subtree.
 """
@@ -24,12 +24,8 @@ from collections import deque
 
 import numpy as np
 
-DECAY = 0.97  # per learning step (a verified tree, or a free guess): older trials fade
-# The prior's pull, 1 / variance, on a and on b. The slope a is held firmly: trials at one q (a confident
-# draft's) cannot tell a from b, and a small a would give every unlikely sibling a fair chance.
-PRIOR_WEIGHT = np.array([8.0, 1.0])
-TRIALS_KEPT = 256  # trials remembered (older ones weigh < DECAY^60 ≈ 0.16 at ≥ 4 trials per step)
-A_RANGE, B_RANGE = (0.4, 2.5), (-8.0, 8.0)
+from .tuning import TUNING
+
 EPS = 1e-6
 NEWTON_STEPS = 20  # at most (from the last fit: usually 2–3)
 
@@ -69,13 +65,14 @@ class Acceptance:
         self.prior = np.array([a, b])
         self.theta = self.prior.copy()
         self.step = 0
-        self._trials: deque[tuple[float, float, int]] = deque(maxlen=TRIALS_KEPT)  # (logit q, hit, step)
+        # (logit q, hit, step)
+        self._trials: deque[tuple[float, float, int]] = deque(maxlen=TUNING.trials_kept)
 
     @classmethod
     def from_rate(cls, q: float, right: float) -> Acceptance:
         """The prior where a guess of probability q is right ``right`` of the time: b = logit(right) −
         logit(q) at a = 1 (a pair's fit gives its mean top-1 and how often it was right)."""
-        return cls(1.0, float(np.clip(logit(min(right, 0.99)) - logit(q), *B_RANGE)))
+        return cls(1.0, float(np.clip(logit(min(right, 0.99)) - logit(q), *TUNING.b_range)))
 
     @property
     def a(self) -> float:
@@ -100,15 +97,15 @@ class Acceptance:
         if not self._trials:
             return
         x, y, when = (np.array(column) for column in zip(*self._trials))
-        w = DECAY ** (self.step - when)
+        w = TUNING.acceptance_decay ** (self.step - when)
         features = np.stack([x, np.ones_like(x)], axis=1)  # (n, 2): log-odds and the intercept
         theta = self.theta.copy()
-        for _ in range(NEWTON_STEPS):  # maximise Σ w·log-likelihood − ½ Σ PRIOR_WEIGHT·(θ − prior)²
+        for _ in range(NEWTON_STEPS):  # maximise Σ w·log-likelihood − ½ Σ prior weight·(θ − prior)²
             p = 1.0 / (1.0 + np.exp(-(features @ theta)))
-            grad = features.T @ (w * (y - p)) - PRIOR_WEIGHT * (theta - self.prior)
-            hess = -(features.T * (w * p * (1 - p))) @ features - np.diag(PRIOR_WEIGHT)
+            grad = features.T @ (w * (y - p)) - TUNING.acceptance_prior_weight * (theta - self.prior)
+            hess = -(features.T * (w * p * (1 - p))) @ features - np.diag(TUNING.acceptance_prior_weight)
             step = np.linalg.solve(hess, grad)
             theta = theta - step
             if np.abs(step).max() < 1e-4:
                 break
-        self.theta = np.array([np.clip(theta[0], *A_RANGE), np.clip(theta[1], *B_RANGE)])
+        self.theta = np.array([np.clip(theta[0], *TUNING.a_range), np.clip(theta[1], *TUNING.b_range)])

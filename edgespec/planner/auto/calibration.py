@@ -31,16 +31,7 @@ import numpy as np
 from ..costmodel import CostModel, DraftFit
 from ..tree import SparseDist
 from .acceptance import Acceptance, trials
-
-PROFILE_LEN = 4  # children predicted per expanded node in forecasts
-PRIOR_PROFILE = np.array([0.6, 0.12, 0.05, 0.03])  # a typical draft's top-j probabilities
-PRIOR_WEIGHT = 4.0  # the one-pass trees' prior r counts as this many predicted tokens
-PROFILE_MEMORY = 8.0  # the running profile weighs as this many nodes against a step's new ones
-DECAY = 0.97  # per observed one-pass step: older steps fade
-FACTOR_RANGE = (0.25, 8.0)  # learned cost factors stay within this range
-DRAFT_DECAY = 0.7  # per step, on the drafting factor's sums
-ONE_OFF_SHARE = 4  # over RPC a tree size not decoded yet costs its one-off ÷ this (``sizing``)
-LOOK_AHEAD_CHAIN = 4  # the chain the look-ahead's prior assumes (``Calibration._look_ahead_prior``)
+from .tuning import PROFILE_LEN, TUNING
 
 
 @dataclass
@@ -48,16 +39,16 @@ class Calibration:
     costs: CostModel | None = None  # the pair's profile (None: not measured yet → plain decoding)
     effective: CostModel | None = None  # the profile with the learned factors applied
     acceptance: Acceptance = field(default_factory=Acceptance)  # the chance a guess is right, by its q
-    profile: np.ndarray = field(default_factory=lambda: PRIOR_PROFILE.copy())
+    profile: np.ndarray = field(default_factory=lambda: TUNING.prior_profile.copy())
     batch_factor: float = 1.0  # measured ÷ profiled verify of n ≥ 2 tokens, over plain decoding's
     draft_factor: float = 1.0  # measured ÷ profiled drafting, over plain decoding's
     plain_verify: float | None = None  # measured plain decode (EMA)
-    par_accepted: float = PRIOR_WEIGHT  # one-pass trees: decayed Σ accepted
-    par_predicted: float = PRIOR_WEIGHT  # … and Σ p̂
+    par_accepted: float = TUNING.one_pass_prior_weight  # one-pass trees: decayed Σ accepted
+    par_predicted: float = TUNING.one_pass_prior_weight  # … and Σ p̂
     par_expected: float = 1.0  # their Σ p̂ (EMA; prior: one token per step)
     par_size: float = 0.0  # their size (EMA; 0: none seen yet)
     draft_predicted: float = 0.0  # the last step's drafting seconds as profiled (set by the trees)
-    chain_hit: float | None = None  # the fit's P(top-1 right LOOK_AHEAD_CHAIN + 1 times in a row)
+    chain_hit: float | None = None  # the fit's P(top-1 right look_ahead_chain + 1 times in a row)
     epoch: int = 0  # bumped whenever anything a forecast reads changes
     _factors_used: tuple[float, float] = (1.0, 1.0)
     one_off: float = 0.0  # over RPC: seconds a batch size's first verify costs extra (EMA; ``sizing``)
@@ -75,7 +66,9 @@ class Calibration:
         top1 = float(fit.profile[0])
         self.acceptance = Acceptance.from_rate(top1, fit.ratio * top1)
         self.profile = np.asarray(fit.profile, dtype=np.float64).copy()
-        self.chain_hit = fit.runs[LOOK_AHEAD_CHAIN] if len(fit.runs) > LOOK_AHEAD_CHAIN else None
+        self.chain_hit = (
+            fit.runs[TUNING.look_ahead_chain] if len(fit.runs) > TUNING.look_ahead_chain else None
+        )
         self.epoch += 1
         self._look_ahead_prior()
 
@@ -86,18 +79,18 @@ class Calibration:
         in a row — as often as the pair's fit saw that (``DraftFit.runs``; without it α^(n + 1) at a
         per-token acceptance α = chance(p₁), which misses that right guesses come in runs). Until steps
         have measured it, the drafting factor is what is left on average, 1 − P(hit) with n =
-        ``LOOK_AHEAD_CHAIN`` (the steps then correct it)."""
+        ``look_ahead_chain`` (the steps then correct it)."""
         if self.costs is None or not self.costs.look_ahead or self._drafting is not None:
             return
         hit = self.chain_hit
         if hit is None:
-            hit = self.acceptance.chance(float(self.profile[0])) ** (LOOK_AHEAD_CHAIN + 1)
-        self.draft_factor = float(np.clip(1.0 - hit, *FACTOR_RANGE))
+            hit = self.acceptance.chance(float(self.profile[0])) ** (TUNING.look_ahead_chain + 1)
+        self.draft_factor = float(np.clip(1.0 - hit, *TUNING.factor_range))
         self._apply_factors()
 
     def sizing(self, warm: Collection[int]) -> CostModel:
         """The curves trees are sized with: ``effective``, where over RPC each size the target has not
-        decoded yet (not in ``warm``) also costs its one-off ÷ ``ONE_OFF_SHARE`` (the verifies of that
+        decoded yet (not in ``warm``) also costs its one-off ÷ ``one_off_share`` (the verifies of that
         size assumed to share it) — trees keep to the sizes paid for unless a new one is clearly better.
         Whether to draft at all is decided on ``effective``: a one-off is no reason to stop."""
         if self.one_off <= 0:
@@ -107,7 +100,7 @@ class Calibration:
             c = self.effective
             target = c.target.copy()
             new = [n - 1 for n in range(2, target.shape[0] + 1) if n not in warm]
-            target[new] += self.one_off / ONE_OFF_SHARE
+            target[new] += self.one_off / TUNING.one_off_share
             self._sizing = key, CostModel(target, c.draft, c.catchup, c.overhead, c.look_ahead)
         return self._sizing[1]
 
@@ -148,7 +141,7 @@ class Calibration:
         size, verify = event.verified_nodes, event.timings.verify
         if size >= 2 and verify > 0 and not first:
             measured = verify / float(self.costs.t(size)) / plain
-            self.batch_factor = float(np.clip(_ema(self.batch_factor, measured, 0.3), *FACTOR_RANGE))
+            self.batch_factor = float(np.clip(_ema(self.batch_factor, measured, 0.3), *TUNING.factor_range))
         elif size >= 2 and verify > 0 and self.costs.look_ahead:
             expected = float(self.costs.t(size)) * self.batch_factor * plain
             self.one_off = _ema(self.one_off or None, max(verify - expected, 0.0), 0.5)
@@ -157,14 +150,14 @@ class Calibration:
             # decayed Σ measured ÷ Σ profiled drafting: a step that drafted little weighs little (a
             # mean of per-step ratios let one 30 ms level that also paid a wait say "8x")
             if self._drafting is None:  # the prior, worth 0.3 of the first measured step (after decay)
-                prior = self.draft_predicted * (1 - DRAFT_DECAY) / DRAFT_DECAY
+                prior = self.draft_predicted * (1 - TUNING.draft_decay) / TUNING.draft_decay
                 self._drafting = (self.draft_factor * prior, prior)
             seen, profiled = self._drafting
             self._drafting = (
-                DRAFT_DECAY * seen + drafting / plain,
-                DRAFT_DECAY * profiled + self.draft_predicted,
+                TUNING.draft_decay * seen + drafting / plain,
+                TUNING.draft_decay * profiled + self.draft_predicted,
             )
-            self.draft_factor = float(np.clip(self._drafting[0] / self._drafting[1], *FACTOR_RANGE))
+            self.draft_factor = float(np.clip(self._drafting[0] / self._drafting[1], *TUNING.factor_range))
         used_b, used_d = self._factors_used
         if abs(self.batch_factor / used_b - 1) > 0.1 or abs(self.draft_factor / used_d - 1) > 0.1:
             self._apply_factors()
@@ -186,7 +179,7 @@ class Calibration:
         for i, dist in enumerate(dists):
             k = min(PROFILE_LEN, dist.probs.shape[0])
             tops[i, :k] = dist.probs[:k]
-        weight = len(dists) / (len(dists) + PROFILE_MEMORY)
+        weight = len(dists) / (len(dists) + TUNING.profile_memory)
         self.profile = (1 - weight) * self.profile + weight * tops.mean(axis=0)
 
     def learn_guess(self, guess: SparseDist, token: int) -> None:
@@ -201,8 +194,8 @@ class Calibration:
 
     def learn_one_pass(self, event) -> None:
         """A one-pass tree: its own r, expected length and size."""
-        self.par_accepted = DECAY * self.par_accepted + event.accepted
-        self.par_predicted = DECAY * self.par_predicted + event.expected_accept
+        self.par_accepted = TUNING.one_pass_decay * self.par_accepted + event.accepted
+        self.par_predicted = TUNING.one_pass_decay * self.par_predicted + event.expected_accept
         self.par_expected = _ema(self.par_expected, event.expected_accept, 0.2)
         self.par_size = _ema(self.par_size or None, event.drafted, 0.2)
         self.epoch += 1

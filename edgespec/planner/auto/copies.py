@@ -5,7 +5,7 @@ A copy tree takes no draft time, so its rate is (1 + r_c · Σ p̂) / c_t(n + 1)
 (``best_size``); it is verified alone when that beats plain decoding and the draft's forecast. Per
 copy the acceptance estimates are the copier's learned rates (``ngram.Copier``), but a mid-length
 match whose first copy fails takes its whole tree with it; r_c, the copy steps' own accepted ÷
-predicted, corrects for that: prior 1 worth ``PRIOR`` predicted tokens, every step fading the
+predicted, corrects for that: prior 1 worth ``copy_prior`` predicted tokens, every step fading the
 evidence towards the prior, copy steps adding theirs — and so do the copy trees that were sized but
 not verified (``Unverified``): each is followed along what the target then writes, and the longest
 path of it the target wrote is what verification would have accepted (greedy; under the one-hot rule
@@ -26,10 +26,7 @@ import numpy as np
 
 from ..costmodel import CostModel, best_size
 from ..ngram import CopyTrie
-
-PRIOR = 8.0  # r_c's prior (1) counts as this many predicted copied tokens
-FADE = 0.97  # per step: the copy steps' evidence fades towards the prior
-RATIO_MAX = 1.25  # r_c may correct the estimates upwards this far at most
+from .tuning import TUNING
 
 
 @dataclass
@@ -79,8 +76,9 @@ class Unverified:
 
 @dataclass
 class CopySteps:
-    accepted: float = PRIOR  # decayed Σ accepted copies: of copy steps and of unverified copy trees
-    predicted: float = PRIOR  # decayed Σ p̂ of their trees
+    # decayed Σ accepted copies: of copy steps and of unverified copy trees
+    accepted: float = TUNING.copy_prior
+    predicted: float = TUNING.copy_prior  # decayed Σ p̂ of their trees
     unverified: list[Unverified] = field(default_factory=list, repr=False)  # not settled yet
     _costs: CostModel | None = field(default=None, repr=False)
     _cheapest_batch: float = field(default=0.0, repr=False)  # min c_t(n ≥ 2) + overhead (the bound)
@@ -88,7 +86,7 @@ class CopySteps:
     @property
     def ratio(self) -> float:
         """r_c: accepted ÷ predicted of the copy steps and the unverified copy trees (prior 1)."""
-        return min(self.accepted / self.predicted, RATIO_MAX)
+        return min(self.accepted / self.predicted, TUNING.copy_ratio_max)
 
     def use_costs(self, costs: CostModel, budget: int) -> None:
         """The curves auto decides with (its learned factors applied); trees of at most ``budget``."""
@@ -123,8 +121,8 @@ class CopySteps:
     def observe(self, event, copied: bool) -> None:
         """Every step: r_c's fading, a copy step's outcome, and the unverified trees followed along
         the tokens the step wrote."""
-        self.accepted = FADE * self.accepted + (1 - FADE) * PRIOR
-        self.predicted = FADE * self.predicted + (1 - FADE) * PRIOR
+        self.accepted = TUNING.copy_fade * self.accepted + (1 - TUNING.copy_fade) * TUNING.copy_prior
+        self.predicted = TUNING.copy_fade * self.predicted + (1 - TUNING.copy_fade) * TUNING.copy_prior
         if copied:
             self.accepted += event.accepted
             self.predicted += event.expected_accept

@@ -10,18 +10,18 @@ auto's own plain steps, kept across answers). The step's **excess** is
 the tokens it delivered beyond what plain decoding would have in the same time: speculation pays
 exactly when its mean excess is positive (Σ t / Σ s > 1 / c). Copies and draft trees are guarded
 apart (a copy tree costs one verify and is right or wrong as a block; a draft tree also costs
-drafting), each by a ``Guard`` over exponentially weighted evidence (weight ``DECAY`` per step of its
+drafting), each by a ``Guard`` over exponentially weighted evidence (weight ``guard_decay`` per step of its
 kind, so a change in the text shows within ~10 steps). A kind **loses** when
 
-- its weighted Σ x < −``LOSS_BUDGET`` tokens: the recent steps, wins included, lost more than that; or
-- after ``MIN_STEPS`` steps, mean x + ``Z`` · SE < 0 (SE = √(var x / n_eff), n_eff = (Σw)² / Σw²,
-  var x at least ``SIGMA_FLOOR``²: a few equal steps do not make a certainty): a steady loss, larger
+- its weighted Σ x < −``loss_budget`` tokens: the recent steps, wins included, lost more than that; or
+- after ``min_steps`` steps, mean x + ``z`` · SE < 0 (SE = √(var x / n_eff), n_eff = (Σw)² / Σw²,
+  var x at least ``sigma_floor``²: a few equal steps do not make a certainty): a steady loss, larger
   than the noise of accepted lengths.
 
 Then that kind is off for a while (plain decoding, or the other kind), after which it is tried again
 on fresh evidence: off for ``backoff`` steps, doubled by every retry that loses again
-(``FIRST_BACKOFF`` … ``MAX_BACKOFF``, reset once it lasts ``CALM_STEPS`` steps) — and at least for as
-many steps as make the time the trial lost ``RETRY_SHARE`` of the time until the retry (a trial of
+(``first_backoff`` … ``max_backoff``, reset once it lasts ``calm_steps`` steps) — and at least for as
+many steps as make the time the trial lost ``retry_share`` of the time until the retry (a trial of
 huge trees that lost ten plain steps' time waits 500 steps). So when speculation always loses, trials
 cost a bounded share of the time; and when the text turns copyable, the next retry finds it. Each
 answer starts with fresh evidence: copies start afresh (what one answer copies says little about the
@@ -29,16 +29,16 @@ next), draft trees keep the wait they were given (the machine, not the text, is 
 
 A draft retry first catches the draft up on every token written while it waited (one batched decode
 of them): a one-off cost, charged to the trial's wait but no evidence about drafting. Where that
-catch-up is known to lose more than ``LOSS_BUDGET`` (on a CPU it can cost as much as the wait saved),
+catch-up is known to lose more than ``loss_budget`` (on a CPU it can cost as much as the wait saved),
 drafts retry at the next answer instead (the policy prices its catch-up on the prompt there).
 
 Copies cost nothing to propose, so while they wait, the copy trees auto would have verified are
 followed along what the target writes (``copies.Unverified``): each is an imagined copy step
 that would have delivered its accepted copies + 1 tokens in the time copy steps took — the median of
-the last ``RECENT``: one huge tree that lost (47 copies among 7-copy steps) had raised their average
+the last ``recent``: one huge tree that lost (47 copies among 7-copy steps) had raised their average
 to most of its own time, every imagined tree after it lost, and copies stayed off for the rest of the
 answer. Each counts once it leaves the tree, or as soon as its copies so far beat that time by a
-token. When ``MIN_STEPS`` of them win (mean x − Z · SE > 0), the wait ends: a copyable passage is
+token. When ``min_steps`` of them win (mean x − ``z`` · SE > 0), the wait ends: a copyable passage is
 caught within a few tokens.
 
 Draft trees, too, are followed while they wait wherever the draft guesses for free (a target on RPC
@@ -60,20 +60,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .copies import Unverified
-
-DECAY = 0.9  # per step of its kind: evidence older than ~10 steps fades
-LOSS_BUDGET = 2.0  # tokens a kind may lose (weighted Σ of its excess) before it is stopped
-MIN_STEPS = 3  # steps before the steady-loss test
-Z = 1.0  # the steady-loss test's margin, in standard errors of the mean excess
-SIGMA_FLOOR = 0.5  # tokens: the least spread assumed for a step's excess
-FIRST_BACKOFF = 16  # steps before the first retry, at least
-MAX_BACKOFF = 4096  # the longest wait between retries (answers apart)
-RETRY_SHARE = 0.02  # the time a losing trial lost is at most this share of its wait
-CALM_STEPS = 16  # steps of a kind without losing that reset its back-off
-CATCH_UP_FREE = 4  # pending tokens a draft catches up on without that counting as a one-off cost
-PLAIN_REFRESH = 128  # steps after which plain decoding is measured again (one plain step)
-MEMORY = 0.2  # weight of a new step in plain decoding's measured step time (c: an EMA)
-RECENT = 9  # a kind's step time: the median of its last this many steps
+from .tuning import TUNING
 
 
 @dataclass
@@ -91,7 +78,7 @@ class Evidence:
     ts: float = 0.0  # Σ w t s
 
     def add(self, tokens: float, seconds: float) -> None:
-        d = DECAY
+        d = TUNING.guard_decay
         self.steps += 1
         self.w, self.w2 = d * self.w + 1.0, d * d * self.w2 + 1.0
         self.t, self.s = d * self.t + tokens, d * self.s + seconds
@@ -105,13 +92,13 @@ class Evidence:
         # var x = mean of x² − mean², with x² = t² − 2 t s / c + s² / c² (weighted means)
         square = (self.tt - 2.0 * self.ts / c + self.ss / (c * c)) / self.w
         n_eff = self.w * self.w / self.w2  # Kish's effective sample size of the weights
-        return total, mean, math.sqrt(max(square - mean * mean, SIGMA_FLOOR**2) / n_eff)
+        return total, mean, math.sqrt(max(square - mean * mean, TUNING.sigma_floor**2) / n_eff)
 
     def loses(self, c: float) -> bool:
         if self.steps == 0:
             return False
         total, mean, se = self.excess(c)
-        return total < -LOSS_BUDGET or (self.steps >= MIN_STEPS and mean + Z * se < 0.0)
+        return total < -TUNING.loss_budget or (self.steps >= TUNING.min_steps and mean + TUNING.z * se < 0.0)
 
 
 @dataclass
@@ -121,23 +108,24 @@ class Guard:
     evidence: Evidence = field(default_factory=Evidence)
     charged: float = 0.0  # tokens' worth of time lost to catch-ups since the last verdict (not evidence)
     catch_up: float | None = None  # tokens' worth of time a catch-up costs per pending token (EMA)
-    backoff: int = FIRST_BACKOFF  # the next wait, in steps
+    backoff: int = TUNING.first_backoff  # the next wait, in steps
     off_until: int = 0  # the step from which it may run again
     calm: int = 0  # its steps since it last lost
     measured: float | None = None  # seconds of one of its steps (median): what an imagined one takes
-    recent: deque = field(default_factory=lambda: deque(maxlen=RECENT), repr=False)  # its last steps' s
+    # its last steps' s
+    recent: deque = field(default_factory=lambda: deque(maxlen=TUNING.recent), repr=False)
     shadow: Evidence = field(default_factory=Evidence)  # imagined steps while it waits
 
     def allows(self, step: int, pending: int = 1) -> bool:
         """Whether it may run at ``step``: not waiting — and, for a retry after more than
-        ``CATCH_UP_FREE`` pending tokens, only where catching up on them is known to lose at most
-        ``LOSS_BUDGET`` (a CPU's draft catching up on a long wait can cost as much as the wait saved).
+        ``catch_up_free`` pending tokens, only where catching up on them is known to lose at most
+        ``loss_budget`` (a CPU's draft catching up on a long wait can cost as much as the wait saved).
         Otherwise it retries at the next answer."""
         if step < self.off_until:
             return False
-        if self.off_until == 0 or pending <= CATCH_UP_FREE:
+        if self.off_until == 0 or pending <= TUNING.catch_up_free:
             return True
-        return self.catch_up is not None and self.catch_up * pending <= LOSS_BUDGET
+        return self.catch_up is not None and self.catch_up * pending <= TUNING.loss_budget
 
     def waiting(self, step: int) -> int:
         """Steps until the next retry (0: allowed now)."""
@@ -160,7 +148,7 @@ class Guard:
         total, mean, se = self.shadow.excess(c)
         if self.shadow.loses(c):  # they would still lose: judge the next ones afresh
             self.shadow = Evidence()
-        elif self.shadow.steps >= MIN_STEPS and mean - Z * se > 0:
+        elif self.shadow.steps >= TUNING.min_steps and mean - TUNING.z * se > 0:
             self.off_until, self.shadow = step + 1, Evidence()
 
     def charge(self, tokens: int, seconds: float, c: float | None, pending: int) -> None:
@@ -177,12 +165,12 @@ class Guard:
             return
         if self.evidence.loses(c):  # off for a while, then a retry on fresh evidence
             lost = self.charged - self.evidence.excess(c)[0]  # tokens the trial lost (plain steps' time)
-            wait = min(max(self.backoff, math.ceil(lost / RETRY_SHARE)), MAX_BACKOFF)
+            wait = min(max(self.backoff, math.ceil(lost / TUNING.retry_share)), TUNING.max_backoff)
             self.off_until = step + 1 + wait
-            self.backoff = min(2 * self.backoff, MAX_BACKOFF)
+            self.backoff = min(2 * self.backoff, TUNING.max_backoff)
             self.evidence, self.calm, self.charged, self.shadow = Evidence(), 0, 0.0, Evidence()
-        elif self.calm >= CALM_STEPS:  # forgiven: the next loss is a first one again
-            self.backoff, self.charged, self.off_until = FIRST_BACKOFF, 0.0, 0
+        elif self.calm >= TUNING.calm_steps:  # forgiven: the next loss is a first one again
+            self.backoff, self.charged, self.off_until = TUNING.first_backoff, 0.0, 0
 
 
 @dataclass
@@ -211,7 +199,7 @@ class Guards:
     def needs_plain(self) -> bool:
         """A plain step is due to measure c: none yet while speculating, or none for a while."""
         speculating = self.copies.evidence.steps + self.drafts.evidence.steps > 0
-        return speculating and (self.last_plain < 0 or self.step - self.last_plain >= PLAIN_REFRESH)
+        return speculating and (self.last_plain < 0 or self.step - self.last_plain >= TUNING.plain_refresh)
 
     def observe(
         self, kind: str | None, written: Sequence[int], seconds: float, pending: int = 1,
@@ -263,4 +251,4 @@ class Guards:
 
 
 def _ema(old: float | None, new: float) -> float:
-    return new if old is None else (1 - MEMORY) * old + MEMORY * new
+    return new if old is None else (1 - TUNING.plain_memory) * old + TUNING.plain_memory * new

@@ -33,13 +33,13 @@ from ..tree import Drafter, DraftSetup, DraftTree, PlanContext, Planner, TreeBui
 from .acceptance import Acceptance
 from .calibration import Calibration
 from .copies import CopySteps
-from .guard import CATCH_UP_FREE, Guards
+from .guard import Guards
 from .policy import COPY, DRAFTING, MODES, PARALLEL, PLAIN, PROBE, SPECULATE, Policy
 from .trees import AutoGrowth, level_tree, one_pass_tree
+from .tuning import TUNING
 
 __all__ = ["AutoPlanner"]
 
-PROBE_PROFILE = np.array([0.9, 0.05, 0.02, 0.01])  # what a probe hopes the draft to be (at least)
 ACTIVITY = {
     PLAIN: "plain",
     SPECULATE: "speculating {}",
@@ -158,7 +158,7 @@ class AutoPlanner(Planner):
         self._pending = pending
         self.steps[self.mode] += 1
         self._evidence = {PLAIN: "plain", COPY: "copy"}.get(self.mode, "draft")
-        if self.mode in DRAFTING and pending > CATCH_UP_FREE:
+        if self.mode in DRAFTING and pending > TUNING.catch_up_free:
             self._evidence = "catch-up"  # a one-off cost after plain steps, no evidence about drafting
         tree = self._tree(root_token, drafter, ctx, trie, cap, pending, copies)
         self.size = tree.size - 1
@@ -179,7 +179,7 @@ class AutoPlanner(Planner):
             )
         else:  # a probe is optimistic: it drafts what would pay if the draft were good, and sees
             probe = self.mode == PROBE
-            prior = np.maximum(cal.profile, PROBE_PROFILE) if probe else cal.profile
+            prior = np.maximum(cal.profile, TUNING.probe_profile) if probe else cal.profile
             curve = cal.acceptance
             if probe and curve.chance(float(prior[0])) < float(prior[0]):
                 curve = Acceptance()  # the draft as good as it says, at least

@@ -14,8 +14,8 @@ the probability q the draft gave it (``acceptance``).
    n · c_t(1)), auto never drafts: only copies, which cost no drafting, may still pay.
 2. **Forecast.** Otherwise a step's growth is simulated on the draft's average distribution with the
    acceptance curve (``costmodel.simulate``); the draft's catch-up on tokens it has not seen (one batched
-   decode after plain steps) is spread over ``HORIZON`` steps. Draft when the forecast beats plain
-   decoding by ``MARGIN``; ``PARALLEL`` when a one-pass tree's forecast beats both.
+   decode after plain steps) is spread over ``horizon`` steps. Draft when the forecast beats plain
+   decoding by ``margin``; ``PARALLEL`` when a one-pass tree's forecast beats both.
 3. **Probes.** When the forecast says plain but step 1 says speculation could pay, auto still
    drafts now and then so that the curve stays fresh — when a probe's worst-case loss fits the probe credit,
    which grows by ``probe_budget`` × every step's time within the answer (an answer starts with no
@@ -40,10 +40,8 @@ from ..ngram import CopyTrie
 from .calibration import Calibration
 from .copies import CopySteps, Unverified
 from .guard import Guards
+from .tuning import TUNING
 
-HORIZON = 8  # the draft's catch-up after plain steps is spread over this many speculative steps
-MARGIN = 0.03  # speculate when the forecast beats plain decoding by this fraction
-CREDIT_MAX = 64  # probe credit is capped at this many plain decodes (within one long answer)
 MODES = PLAIN, SPECULATE, PROBE, COPY, PARALLEL = "plain", "speculate", "probe", "copy", "parallel"
 DRAFTING = (SPECULATE, PROBE, PARALLEL)  # the modes that draft: the draft guard's
 
@@ -81,7 +79,7 @@ class Policy:
             c = cal.effective
             free = CostModel(c.target, 0 * c.draft, 0 * c.catchup, c.overhead, c.look_ahead)
             f = simulate(0.0, 1.0, free, self.budget, cal.chances, self.max_depth)
-            self._free = cal.epoch, f.m > 0 and f.rate > (1 + MARGIN) / cal.plain_decode
+            self._free = cal.epoch, f.m > 0 and f.rate > (1 + TUNING.margin) / cal.plain_decode
         return self._free[1]
 
     def choose(self, trie: CopyTrie, pending: int, cap: int) -> tuple[str, int]:
@@ -117,13 +115,13 @@ class Policy:
             seconds = float(costs.k(1))
             self._forecast = cal.epoch, simulate(seconds, 1.0, costs, cap, cal.chances, self.max_depth)
         f = self._forecast[1]
-        catchup = float(costs.k(max(pending, 1)) - costs.k(1)) / HORIZON
+        catchup = float(costs.k(max(pending, 1)) - costs.k(1)) / TUNING.horizon
         self.forecast_rate = (1.0 + f.expected) / (f.seconds + catchup)
-        rival = max(plain_rate * (1 + MARGIN), self.forecast_rate)
+        rival = max(plain_rate * (1 + TUNING.margin), self.forecast_rate)
         if self.masks and (parallel := self._parallel_rate(pending, cap)) > rival:
             self.forecast_rate = parallel
             return PARALLEL
-        if self.forecast_rate > plain_rate * (1 + MARGIN):
+        if self.forecast_rate > plain_rate * (1 + TUNING.margin):
             return SPECULATE
         if self.credit >= self._probe_loss(pending):
             return PROBE
@@ -141,7 +139,7 @@ class Policy:
             best = ceiling(profiled, cap)
             if self.masks:
                 best = max(best, parallel_ceiling(profiled, self.masks, cap))
-            self._ceiling_ok = best > (1 + MARGIN) / self.calibration.plain_decode
+            self._ceiling_ok = best > (1 + TUNING.margin) / self.calibration.plain_decode
         return costs
 
     def copies_alone(self, trie: CopyTrie, cap: int, mode: str) -> int:
@@ -151,7 +149,7 @@ class Policy:
             return 0
         if self._curves is not cal.effective:
             self._refresh(cap)
-        rival = (1.0 + MARGIN) / cal.plain_decode
+        rival = (1.0 + TUNING.margin) / cal.plain_decode
         if mode in (SPECULATE, PARALLEL):
             rival = max(rival, self.forecast_rate)
         return self.copies.alone(trie, cap, rival)
@@ -178,6 +176,6 @@ class Policy:
         """Probe credit: earned by every step's time, spent by what probes lost against plain decoding."""
         cal = self.calibration
         seconds = event.timings.total
-        self.credit = min(self.credit + self.probe_budget * seconds, CREDIT_MAX * cal.plain_decode)
+        self.credit = min(self.credit + self.probe_budget * seconds, TUNING.credit_max * cal.plain_decode)
         if mode == PROBE:
             self.credit -= max(seconds - len(event.tokens) * plain_seconds, 0.0)

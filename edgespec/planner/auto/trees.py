@@ -3,7 +3,7 @@ sized for the best expected rate of its step under auto's curves (``calibration`
 
 **Level by level** (``level_tree``): the best-first growth OPT-Tree and ``hybrid`` share
 (``growth.grow``), with auto's policy ``AutoGrowth``. Candidates are each expanded node's
-``CHILDREN_KEPT`` likeliest tokens; auto ranks them by their p̂, the product along the path of the
+``children_kept`` likeliest tokens; auto ranks them by their p̂, the product along the path of the
 chance each token is right given its draft probability q (``acceptance``). After each level,
 ``costmodel.deepen`` forecasts whether one more level — its w best expandable candidates, their
 children predicted from the step's distributions so far — beats stopping now: the rate
@@ -36,10 +36,7 @@ from ..ngram import Copier, CopyTrie
 from ..parallel import grow as grow_one_pass
 from ..tree import Drafter, DraftTree, PlanContext, PlanStats, SparseDist, TreeBuilder, step_seed
 from .acceptance import Acceptance
-
-CHILDREN_KEPT = 8  # candidates per expanded node that may enter the tree
-PROFILE_LEN = 4  # children predicted per expanded node in forecasts
-STEP_PRIOR = 2.0  # within a step, the running profile counts as this many of the step's own nodes
+from .tuning import PROFILE_LEN, TUNING
 
 
 @dataclass
@@ -60,7 +57,7 @@ class AutoGrowth:
         for dist in dists:
             k = min(PROFILE_LEN, dist.probs.shape[0])
             self.tops[:k] += dist.probs[:k]
-        admit_top(growth, nodes, dists, CHILDREN_KEPT)
+        admit_top(growth, nodes, dists, TUNING.children_kept)
         for node in nodes:  # p̂(child) = p̂(node) · chance(q), siblings in rank order
             kids = list(growth.kids.get(node, {}).values())
             chances = self.acceptance.chances([growth.tree.draft_prob[u] for u in kids])
@@ -84,8 +81,8 @@ class AutoGrowth:
         if self._free(growth, candidates, pool, expandable, forced_e, forced_n):
             return [candidates[0]]  # no decode: the draft's look-ahead did it during the last verify
         # Children not drafted yet look like this step's distributions so far (the running profile
-        # weighs in as STEP_PRIOR nodes): a confident chain is expected to stay confident.
-        profile = (STEP_PRIOR * self.prior + self.tops) / (STEP_PRIOR + sum(growth.levels))
+        # weighs in as step_prior nodes): a confident chain is expected to stay confident.
+        profile = (TUNING.step_prior * self.prior + self.tops) / (TUNING.step_prior + sum(growth.levels))
         chances = self.acceptance.chances(profile)  # p̂ are chances already: the rates take r = 1
         w, _ = deepen(forced_e, forced_n, pool, expandable, self.spent, 1.0, self.costs, self.cap, chances)
         if w == 0:
