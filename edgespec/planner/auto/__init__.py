@@ -10,6 +10,8 @@ constants they read, each once: ``TUNING``).
 
 from ..costmodel import CostModel
 from .planner import AutoPlanner
-from .policy import COPY, PARALLEL, PLAIN, PROBE, SPECULATE
+from .policy import Mode
 
-__all__ = ["COPY", "PARALLEL", "PLAIN", "PROBE", "SPECULATE", "AutoPlanner", "CostModel"]
+PLAIN, SPECULATE, PROBE, COPY, PARALLEL = Mode  # the modes by their names (``Mode``'s members)
+
+__all__ = ["COPY", "PARALLEL", "PLAIN", "PROBE", "SPECULATE", "AutoPlanner", "CostModel", "Mode"]

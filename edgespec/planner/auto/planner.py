@@ -34,18 +34,18 @@ from .acceptance import Acceptance
 from .calibration import Calibration
 from .copies import CopySteps
 from .guard import Guards
-from .policy import COPY, DRAFTING, MODES, PARALLEL, PLAIN, PROBE, SPECULATE, Policy
+from .policy import DRAFTING, MODES, Mode, Policy
 from .trees import AutoGrowth, level_tree, one_pass_tree
 from .tuning import TUNING
 
 __all__ = ["AutoPlanner"]
 
 ACTIVITY = {
-    PLAIN: "plain",
-    SPECULATE: "speculating {}",
-    PROBE: "probing {}",
-    COPY: "copying {}",
-    PARALLEL: "one-pass tree of {}",
+    Mode.PLAIN: "plain",
+    Mode.SPECULATE: "speculating {}",
+    Mode.PROBE: "probing {}",
+    Mode.COPY: "copying {}",
+    Mode.PARALLEL: "one-pass tree of {}",
 }
 
 
@@ -77,10 +77,10 @@ class AutoPlanner(Planner):
     guards: Guards = field(default_factory=Guards, repr=False)
     copier: Copier = field(default_factory=Copier, repr=False)  # continuations from the conversation
     steps: dict = field(default_factory=lambda: dict.fromkeys(MODES, 0), repr=False)  # steps per mode
-    mode: str = field(default=PLAIN, repr=False)  # the last step's
+    mode: Mode = field(default=Mode.PLAIN, repr=False)  # the last step's
     size: int = field(default=0, repr=False)  # the last step's draft (or copied) tokens
     policy: Policy = field(init=False, repr=False)
-    _evidence: str = field(default=PLAIN, repr=False)  # what the last step tells the guard
+    _evidence: str = field(default="plain", repr=False)  # what the last step tells the guard
     _pending: int = field(default=1, repr=False)  # the tokens the last step's draft caught up on
     _new_size: bool = field(default=False, repr=False)  # the last tree's size: not decoded before
 
@@ -117,14 +117,14 @@ class AutoPlanner(Planner):
         total = sum(self.steps.values())
         if total == 0:
             return f"budget≤{self.budget}, deciding per step"
-        now = f"plain: {self.policy.why}" if self.mode == PLAIN and self.policy.why else self.activity
-        if self.mode == PLAIN and self.policy.never_drafts and not self.steps[COPY]:
+        now = f"plain: {self.policy.why}" if self.mode == Mode.PLAIN and self.policy.why else self.activity
+        if self.mode == Mode.PLAIN and self.policy.never_drafts and not self.steps[Mode.COPY]:
             return now  # nothing else to tell: plain decoding for good
         drafted = sum(self.steps[mode] for mode in DRAFTING) / total
         return (
             f"{now} (budget≤{self.budget}, a 50 % guess right {self.acceptance.chance(0.5):.0%}, "
             f"speculated {drafted:.0%}, "
-            f"copied {self.steps[COPY] / total:.0%} of steps)"
+            f"copied {self.steps[Mode.COPY] / total:.0%} of steps)"
         )
 
     @property
@@ -151,13 +151,13 @@ class AutoPlanner(Planner):
         trie = self.copier.propose(root_token, ctx)  # free candidates, whatever is decided
         self.mode, copies = self.policy.choose(trie, pending, cap)
         known = self.costs is not None and drafter.known((root_token,))
-        if self.mode == PLAIN and not self.policy.why and known:
+        if self.mode == Mode.PLAIN and not self.policy.why and known:
             # the look-ahead decoded this root during the last decode: a tree on what it decoded needs
             # no drafting, and the growth verifies it only where that pays (``AutoGrowth._free``)
-            self.mode = SPECULATE
+            self.mode = Mode.SPECULATE
         self._pending = pending
         self.steps[self.mode] += 1
-        self._evidence = {PLAIN: "plain", COPY: "copy"}.get(self.mode, "draft")
+        self._evidence = {Mode.PLAIN: "plain", Mode.COPY: "copy"}.get(self.mode, "draft")
         if self.mode in DRAFTING and pending > TUNING.catch_up_free:
             self._evidence = "catch-up"  # a one-off cost after plain steps, no evidence about drafting
         tree = self._tree(root_token, drafter, ctx, trie, cap, pending, copies)
@@ -167,18 +167,18 @@ class AutoPlanner(Planner):
 
     def _tree(self, root_token, drafter, ctx, trie, cap: int, pending: int, copies: int) -> DraftTree:
         cal = self.calibration
-        if self.mode == PLAIN:
+        if self.mode == Mode.PLAIN:
             return TreeBuilder(root_token).freeze()  # no draft work at all; the draft catches up later
-        if self.mode == COPY:  # no draft work either
+        if self.mode == Mode.COPY:  # no draft work either
             cal.draft_predicted = 0.0
             return self.copier.copy_tree(trie, trie.best(copies))
         costs = cal.effective
-        if self.mode == PARALLEL:
+        if self.mode == Mode.PARALLEL:
             tree, spent = one_pass_tree(
                 root_token, drafter, ctx, costs, self.masks, cap, pending, cal.par_ratio
             )
         else:  # a probe is optimistic: it drafts what would pay if the draft were good, and sees
-            probe = self.mode == PROBE
+            probe = self.mode == Mode.PROBE
             prior = np.maximum(cal.profile, TUNING.probe_profile) if probe else cal.profile
             curve = cal.acceptance
             if probe and curve.chance(float(prior[0])) < float(prior[0]):
@@ -198,7 +198,7 @@ class AutoPlanner(Planner):
     def observe(self, event) -> None:
         """What the step did (a ``StepEvent``): the decoder calls this after every step."""
         self.copier.observe(event.tree, event.accepted_path)  # the copies' acceptance rates
-        self.copies.observe(event, copied=self.mode == COPY)  # the copy steps' r_c
+        self.copies.observe(event, copied=self.mode == Mode.COPY)  # the copy steps' r_c
         cal = self.calibration
         evidence = self._evidence
         if evidence != "plain" and self._new_size and cal.costs is not None and cal.costs.look_ahead:
@@ -216,13 +216,13 @@ class AutoPlanner(Planner):
         self.policy.learn(event, self.mode, self.guards.plain_seconds or cal.plain_decode)
         if event.guess is not None and event.tokens:  # over RPC, a step that drafted nothing: a free guess
             cal.learn_guess(event.guess, event.tokens[0].id)
-        if self.mode == COPY:
+        if self.mode == Mode.COPY:
             cal.learn_costs(event, self._new_size)  # the batch's cost, not the draft's calibration
         elif event.drafted == 0 and event.draft_decodes == 0:
             cal.learn_plain(event)
         else:
             cal.learn_costs(event, self._new_size)
-            if self.mode == PARALLEL:
+            if self.mode == Mode.PARALLEL:
                 cal.learn_one_pass(event)  # its own calibration: the masks' rows are not the draft's
             else:
                 cal.learn_tree(event)

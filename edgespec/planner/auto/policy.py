@@ -34,6 +34,7 @@ the probability q the draft gave it (``acceptance``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 
 from ..costmodel import Choice, CostModel, ceiling, parallel_ceiling, simulate
 from ..ngram import CopyTrie
@@ -42,8 +43,33 @@ from .copies import CopySteps, Unverified
 from .guard import Guards
 from .tuning import TUNING
 
-MODES = PLAIN, SPECULATE, PROBE, COPY, PARALLEL = "plain", "speculate", "probe", "copy", "parallel"
-DRAFTING = (SPECULATE, PROBE, PARALLEL)  # the modes that draft: the draft guard's
+
+class Mode(str, Enum):
+    """What a step does. str-valued: stats, JSON and the chat's status compare and print the strings."""
+
+    PLAIN = "plain"  # plain decoding: no draft tree
+    SPECULATE = "speculate"  # a draft tree grown level by level, as the forecast says it pays
+    PROBE = "probe"  # a draft tree the forecast says loses, drafted to keep the acceptance curve fresh
+    COPY = "copy"  # the conversation's copies verified alone
+    PARALLEL = "parallel"  # a one-pass ParallelSpec tree
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+MODES = tuple(Mode)
+DRAFTING = (Mode.SPECULATE, Mode.PROBE, Mode.PARALLEL)  # the modes that draft: the draft guard's
+
+
+class Ceiling(Enum):
+    """Step 1's verdict on the profiled curves: could any tree beat plain decoding on this machine?"""
+
+    UNKNOWN = "unknown"  # not judged yet on the curves in use
+    PAYS = "pays"  # some tree would, were every draft token accepted
+    CANNOT_PAY = "cannot pay"  # none would: auto never drafts (only copies may still pay)
 
 
 @dataclass
@@ -59,14 +85,14 @@ class Policy:
     why: str = ""  # why the last step was plain, when not by the forecast ("": it was)
     forecast_rate: float = 0.0  # this step's forecast when drafting
     _forecast: tuple[int, Choice] | None = field(default=None, repr=False)  # (calibration epoch, choice)
-    _ceiling_ok: bool | None = field(default=None, repr=False)
+    _ceiling: Ceiling = field(default=Ceiling.UNKNOWN, repr=False)
     _free: tuple[int, bool] | None = field(default=None, repr=False)  # (calibration epoch, free_trees_pay)
     _curves: CostModel | None = field(default=None, repr=False)  # the curves the caches were made with
 
     @property
     def never_drafts(self) -> bool:
         """Step 1 said no tree could ever beat plain decoding on this machine."""
-        return self._ceiling_ok is False
+        return self._ceiling is Ceiling.CANNOT_PAY
 
     @property
     def free_trees_pay(self) -> bool:
@@ -82,7 +108,7 @@ class Policy:
             self._free = cal.epoch, f.m > 0 and f.rate > (1 + TUNING.margin) / cal.plain_decode
         return self._free[1]
 
-    def choose(self, trie: CopyTrie, pending: int, cap: int) -> tuple[str, int]:
+    def choose(self, trie: CopyTrie, pending: int, cap: int) -> tuple[Mode, int]:
         """(mode, copies to verify alone) for a step whose draft must first decode ``pending`` tokens."""
         self.why = ""
         mode = self.decide(pending, cap)
@@ -92,25 +118,28 @@ class Policy:
             guards.shadow_copies(Unverified.of(trie, trie.best(copies)))
             copies, self.why = 0, f"copies lost to plain decoding, retry in {guards.copies.waiting(step)}"
         if copies:
-            mode = COPY
+            mode = Mode.COPY
         if mode in DRAFTING and not guards.drafts.allows(step, pending):
             wait = guards.drafts.waiting(step)
-            mode, self.why = PLAIN, f"drafts lost to plain decoding, retry in {wait or 'the next answer'}"
-        if mode != PLAIN and guards.needs_plain():
-            mode, self.why = PLAIN, "measuring plain decoding"
-        if mode == PLAIN and not self.why and self.never_drafts:
+            mode, self.why = (
+                Mode.PLAIN,
+                f"drafts lost to plain decoding, retry in {wait or 'the next answer'}",
+            )
+        if mode != Mode.PLAIN and guards.needs_plain():
+            mode, self.why = Mode.PLAIN, "measuring plain decoding"
+        if mode == Mode.PLAIN and not self.why and self.never_drafts:
             self.why = "speculation cannot pay on this machine"
-        return mode, copies if mode == COPY else 0
+        return mode, copies if mode == Mode.COPY else 0
 
-    def decide(self, pending: int, cap: int) -> str:
+    def decide(self, pending: int, cap: int) -> Mode:
         """The cost model's choice (steps 1–3): PLAIN, SPECULATE, PARALLEL or PROBE."""
         cal = self.calibration
-        if cal.costs is None or cap < 1 or self._ceiling_ok is False:
-            return PLAIN
+        if cal.costs is None or cap < 1 or self._ceiling is Ceiling.CANNOT_PAY:
+            return Mode.PLAIN
         costs = self._refresh(cap)
         plain_rate = 1.0 / cal.plain_decode
-        if not self._ceiling_ok:
-            return PLAIN  # nothing could beat plain decoding here, even if every draft token were accepted
+        if self._ceiling is not Ceiling.PAYS:
+            return Mode.PLAIN  # nothing could beat plain decoding here, even were every draft token accepted
         if self._forecast is None or self._forecast[0] != cal.epoch:
             seconds = float(costs.k(1))
             self._forecast = cal.epoch, simulate(seconds, 1.0, costs, cap, cal.chances, self.max_depth)
@@ -120,29 +149,30 @@ class Policy:
         rival = max(plain_rate * (1 + TUNING.margin), self.forecast_rate)
         if self.masks and (parallel := self._parallel_rate(pending, cap)) > rival:
             self.forecast_rate = parallel
-            return PARALLEL
+            return Mode.PARALLEL
         if self.forecast_rate > plain_rate * (1 + TUNING.margin):
-            return SPECULATE
+            return Mode.SPECULATE
         if self.credit >= self._probe_loss(pending):
-            return PROBE
-        return PLAIN
+            return Mode.PROBE
+        return Mode.PLAIN
 
     def _refresh(self, cap: int) -> CostModel:
         """The calibration's curves; when they changed, the copies' bound and step 1 follow them."""
         costs = self.calibration.effective
         if costs is not self._curves:
-            self._curves, self._ceiling_ok = costs, None
+            self._curves, self._ceiling = costs, Ceiling.UNKNOWN
             self.copies.use_costs(costs, self.budget)
-        if self._ceiling_ok is None:  # on the profile: what this machine allows, not a factor's
+        if self._ceiling is Ceiling.UNKNOWN:  # on the profile: what this machine allows, not a factor's
             # estimate of the moment (a "never" on learnt factors was final: nothing drafted to unlearn it)
             profiled = self.calibration.costs
             best = ceiling(profiled, cap)
             if self.masks:
                 best = max(best, parallel_ceiling(profiled, self.masks, cap))
-            self._ceiling_ok = best > (1 + TUNING.margin) / self.calibration.plain_decode
+            pays = best > (1 + TUNING.margin) / self.calibration.plain_decode
+            self._ceiling = Ceiling.PAYS if pays else Ceiling.CANNOT_PAY
         return costs
 
-    def copies_alone(self, trie: CopyTrie, cap: int, mode: str) -> int:
+    def copies_alone(self, trie: CopyTrie, cap: int, mode: Mode) -> int:
         """How many copies to verify alone: 0 unless they beat plain decoding and the draft's forecast."""
         cal = self.calibration
         if cal.costs is None:
@@ -150,7 +180,7 @@ class Policy:
         if self._curves is not cal.effective:
             self._refresh(cap)
         rival = (1.0 + TUNING.margin) / cal.plain_decode
-        if mode in (SPECULATE, PARALLEL):
+        if mode in (Mode.SPECULATE, Mode.PARALLEL):
             rival = max(rival, self.forecast_rate)
         return self.copies.alone(trie, cap, rival)
 
@@ -172,10 +202,10 @@ class Policy:
         """A new answer: probes spend only what it earns (a debt is kept)."""
         self.credit = min(self.credit, 0.0)
 
-    def learn(self, event, mode: str, plain_seconds: float) -> None:
+    def learn(self, event, mode: Mode, plain_seconds: float) -> None:
         """Probe credit: earned by every step's time, spent by what probes lost against plain decoding."""
         cal = self.calibration
         seconds = event.timings.total
         self.credit = min(self.credit + self.probe_budget * seconds, TUNING.credit_max * cal.plain_decode)
-        if mode == PROBE:
+        if mode == Mode.PROBE:
             self.credit -= max(seconds - len(event.tokens) * plain_seconds, 0.0)
