@@ -17,7 +17,7 @@ cost by batch size (root included). Plain decoding is the tree with only the roo
 - ``simulate``: a whole step's growth on the average distribution — the forecast.
 - ``ceiling``: the best rate any tree could reach with every draft token accepted.
 
-``auto``'s level trees pass p̂ already calibrated token by token (``auto_acceptance``) and r = 1.
+``auto``'s level trees pass p̂ already calibrated token by token (``auto/acceptance.py``) and r = 1.
 
 Pure numpy: the cost curves arrive as data (``edgespec.profile.costs`` measures them).
 """
