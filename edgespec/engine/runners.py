@@ -21,8 +21,9 @@ from .interrupts import Cancelled
 from .layout import TreeLayout, tree_layout
 
 # Tokens a cancellable decode (a prompt a client may abandon) takes at a time: a client that leaves
-# frees the model within one chunk's decode. Chunks of 128 cost no measurable prompt speed on a CPU
-# (docs/security.md); 512 would be the whole of most prompts.
+# frees the model within one chunk's decode; 512 (n_batch) would be the whole of most prompts. Chunks
+# of 128 cost no measurable prompt speed on a 2-core CPU (0.97x the time of 512s, within noise:
+# lab/notebook/lean-step.md, lab/scripts/prefill_chunks.py).
 CANCEL_CHUNK = 128
 
 
