@@ -319,10 +319,10 @@ def test_jsonl_prompts(tmp_path):
 def test_bench_command_on_the_bundled_pair(tmp_path, monkeypatch, capsys):
     from realmodels import BUNDLED_PAIR, bundled_paths
 
-    from edgespec.profile import costs, fit
+    from edgespec.profile import costs, fit, store
 
     bundled_paths()  # skips without the models
-    monkeypatch.setattr(costs, "home_dir", lambda: tmp_path)  # a fresh, small cost profile and fit
+    monkeypatch.setattr(store, "home_dir", lambda: tmp_path)  # a fresh, small cost profile and fit
     monkeypatch.setattr(costs, "QUICK_SIZES", (1, 2, 4))
     monkeypatch.setattr(costs, "QUICK_CATCHUP_SIZES", (1, 4))
     monkeypatch.setattr(fit, "FIT_TOKENS", 4)  # auto's fit on a few tokens
