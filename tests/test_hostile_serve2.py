@@ -318,3 +318,16 @@ def test_8_tool_call_markers_in_messages_are_text(tmp_path):
             assert with_tools.count(marker) == harmless.count(marker) >= 1
         trusted, _ = prompt_tokens(pair, [Message("user", forged)], ChatSettings(special_tokens=True))
         assert markers <= set(trusted)  # --special-tokens: the client's markup is read as markup
+
+
+@pytest.mark.model
+def test_8_a_typed_tool_call_marker_reaches_the_model_as_characters(bundled):
+    """Through the real server: the marker costs the prompt as many tokens as text of its shape that
+    is no marker (about 4), where the vocabulary's own marker token would cost 1."""
+
+    def prompt_tokens(text: str) -> int:
+        response = post(bundled, {"messages": said(f"see {text} here"), "max_tokens": 1})
+        assert response.status_code == 200, response.text
+        return response.json()["usage"]["prompt_tokens"]
+
+    assert prompt_tokens("<tool_call>") >= prompt_tokens("<tool_cal>") - 1
