@@ -10,8 +10,8 @@ import sys
 import numpy as np
 
 from edgespec.cli import main
-from edgespec.profile import costs
 from edgespec.planner.costmodel import CostModel
+from edgespec.profile import costs
 
 measured_model = costs.CostProfile.model
 

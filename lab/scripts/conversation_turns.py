@@ -12,8 +12,8 @@ import sys
 from edgespec.decoding.chat import ChatSettings, Message, prompt_tokens
 from edgespec.decoding.decoder import Request, generate
 from edgespec.engine.pair import EngineSettings
-from edgespec.models.pairs import open_pair, resolve_pair
 from edgespec.measure.bench_client import CONVERSATION, SYSTEM
+from edgespec.models.pairs import open_pair, resolve_pair
 
 out_path = sys.argv[1]
 max_tokens = int(sys.argv[2]) if len(sys.argv) > 2 else 384

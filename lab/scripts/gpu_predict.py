@@ -24,8 +24,8 @@ sys.path[:0] = [str(ROOT / "scripts" / "gpu"), str(ROOT / "scripts"), str(ROOT)]
 
 from kit import acceptance_from_bench, predict  # noqa: E402
 
-from edgespec.profile.costs import CostProfile  # noqa: E402
 from edgespec.planner.auto import AutoPlanner  # noqa: E402
+from edgespec.profile.costs import CostProfile  # noqa: E402
 
 
 def auto_choice(costs, plain_rate: float, budget: int = 48) -> tuple[str, float]:

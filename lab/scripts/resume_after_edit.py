@@ -12,9 +12,9 @@ import sys
 
 from edgespec.decoding.chat import ChatSettings, Message, prompt_tokens
 from edgespec.engine.pair import EngineSettings
+from edgespec.measure.bench_client import CONVERSATION, SYSTEM
 from edgespec.models.pairs import open_pair, resolve_pair
 from edgespec.planner.ngram import NGramIndex, common_prefix
-from edgespec.measure.bench_client import CONVERSATION, SYSTEM
 
 ANCHOR_MATCH = 4  # a match this long marks where the answer is in its source
 SKIP = 4  # the answer may resume up to SKIP − 1 source tokens later (a deletion)

@@ -7,7 +7,7 @@ servers' addresses) is measured by the first run and reused by the next ones.
 
 Each step: n tokens verified, acc drafts accepted, tok committed, dd draft decodes, ver/dr ms verifying/
 drafting, provenance (d draft, t target, c copy), and for ``auto`` its mode, why, a and b (the draft's
-acceptance curve, ``planner/auto/acceptance.py``), bf/df (batch and draft factors), the step's tree size and the
+acceptance curve, ``auto/acceptance.py``), bf/df (batch and draft factors), the step's tree size and the
 draft's top-1 probability at its root (when the tree holds the root's distribution).
 
 ``TREE_DUMP=1``: every node of each tree over 16 nodes (depth, parent, q, Π q).

@@ -15,8 +15,8 @@ import time
 from edgespec.decoding.chat import ChatSettings, Message
 from edgespec.decoding.events import GenerationStats
 from edgespec.engine.pair import EngineSettings
-from edgespec.models.pairs import open_pair, resolve_pair
 from edgespec.measure.bench_client import CONVERSATION, SYSTEM
+from edgespec.models.pairs import open_pair, resolve_pair
 from edgespec.session import PairEngine
 from edgespec.strategy import StrategyChoice, make_planner
 
