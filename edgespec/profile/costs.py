@@ -215,15 +215,15 @@ def load_or_measure(
 
 
 # -- measuring ------------------------------------------------------------------------------------------
-def _context_tokens(n_vocab: int, length: int = CONTEXT_TOKENS) -> list[int]:
+def context_tokens(n_vocab: int, length: int = CONTEXT_TOKENS) -> list[int]:
     """Fixed, arbitrary token ids (costs do not depend on which tokens they are)."""
     return [(1009 + 7919 * i) % max(n_vocab - 1, 1) + 1 for i in range(length)]
 
 
-def _time_target(pair, base: list[int], n: int) -> float:
+def time_target(pair, base: list[int], n: int) -> float:
     target = pair.target
     target.sync(base[:-1])
-    filler = _context_tokens(target.model.n_vocab, n + 7)[7:]
+    filler = context_tokens(target.model.n_vocab, n + 7)[7:]
     tree = chain_tree([base[-1], *filler[: n - 1]])
     start = perf_counter()
     target.verify(tree)
@@ -236,7 +236,7 @@ def _time_draft_level(pair, base: list[int], n: int) -> float:
     draft.begin_step(1.0)
     tree = TreeBuilder(base[-1])
     draft.expand(tree, [0])  # the root (and nothing else pending): not timed
-    children = [tree.add(0, t, 1.0) for t in _context_tokens(draft.model.n_vocab, n + 3)[3:]]
+    children = [tree.add(0, t, 1.0) for t in context_tokens(draft.model.n_vocab, n + 3)[3:]]
     start = perf_counter()
     draft.expand(tree, children)
     elapsed = perf_counter() - start
@@ -272,13 +272,13 @@ def measure(
     limit = min(pair.max_nodes - 1, pair.target.ctx.settings.n_batch)
     sizes = [n for n in sizes if n <= limit]
     catchup_sizes = [n for n in catchup_sizes if n < CONTEXT_TOKENS]
-    base = _context_tokens(min(pair.target.model.n_vocab, pair.draft.model.n_vocab))
+    base = context_tokens(min(pair.target.model.n_vocab, pair.draft.model.n_vocab))
     plan = (
         [("target", n) for n in sizes]
         + [("draft", n) for n in sizes]
         + [("catchup", n) for n in catchup_sizes]
     )
-    timers = {"target": _time_target, "draft": _time_draft_level, "catchup": _time_catchup}
+    timers = {"target": time_target, "draft": _time_draft_level, "catchup": _time_catchup}
     ones: dict[str, list[float]] = {curve: [] for curve in timers}
     ratios: dict[str, dict[int, list[float]]] = {curve: {} for curve in timers}
     samples: dict[str, dict[int, list[float]]] = {curve: {} for curve in timers}

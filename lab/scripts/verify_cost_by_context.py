@@ -11,30 +11,10 @@ import os
 import sys
 from dataclasses import replace
 from statistics import median
-from time import perf_counter
 
 from edgespec.engine.pair import EngineSettings
 from edgespec.models.pairs import open_pair, resolve_pair
-from edgespec.planner.tree import chain_tree
-
-
-def context_tokens(n_vocab: int, length: int) -> list[int]:
-    """Fixed, arbitrary token ids, as ``edgespec.profile.costs`` fills a context (costs do not depend
-    on which tokens they are)."""
-    return [(1009 + 7919 * i) % max(n_vocab - 1, 1) + 1 for i in range(length)]
-
-
-def time_target(pair, base: list[int], n: int) -> float:
-    """Seconds of the target's verify of a chain of ``n`` tokens after ``base``, as the cost profile
-    times it."""
-    target = pair.target
-    target.sync(base[:-1])
-    filler = context_tokens(target.model.n_vocab, n + 7)[7:]
-    tree = chain_tree([base[-1], *filler[: n - 1]])
-    start = perf_counter()
-    target.verify(tree)
-    return perf_counter() - start
-
+from edgespec.profile.costs import context_tokens, time_target
 
 FA = int(os.environ.get("FA", "-1"))
 sizes = [int(n) for n in (sys.argv[1] if len(sys.argv) > 1 else "1,4,8,16,32").split(",")]
