@@ -61,7 +61,7 @@ def models_cli() -> Callable[..., int]:
 # -- the real bundled pair, loaded once per session by the tests that need it ----------------------
 @pytest.fixture(scope="session")
 def pair():
-    from realmodels import bundled_paths
+    from tests.support.realmodels import bundled_paths
 
     target, draft = bundled_paths()
     from edgespec.engine import EngineSettings, ModelPair
@@ -72,14 +72,14 @@ def pair():
 
 @pytest.fixture(scope="session")
 def batch_noise(pair) -> float:
-    from realmodels import measure_batch_noise
+    from tests.support.realmodels import measure_batch_noise
 
     return measure_batch_noise(pair)
 
 
 @pytest.fixture(scope="session")
 def plain_runs(pair) -> dict[str, tuple[list[int], list[float]]]:
-    from realmodels import plain_outputs
+    from tests.support.realmodels import plain_outputs
 
     return plain_outputs(pair)
 
@@ -95,6 +95,8 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture(scope="session")
 def tiny_gguf(tmp_path_factory) -> str:
     """The tiny random GGUF with a synthetic tokenizer (randomgguf.write_tiny_gguf): no model file needed."""
-    import randomgguf
+    from tests.support.scripts import load
+
+    randomgguf = load("randomgguf")
 
     return str(randomgguf.write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "tiny.gguf"))

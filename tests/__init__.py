@@ -1,0 +1,1 @@
+"""edgespec's tests in tiers (docs/development.md): unit, engine, real, server, tui; helpers in support."""

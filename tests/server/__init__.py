@@ -1,0 +1,1 @@
+"""`edgespec serve`: HTTP, the OpenAI protocol and clients, hostile and fuzzed requests."""

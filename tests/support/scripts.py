@@ -1,0 +1,37 @@
+"""The one way tests import a module of scripts/ or scripts/gpu/ (randomgguf, kit, ...): scripts/ is not
+on the tests' path. ``load("randomgguf")`` executes the file once and registers it in ``sys.modules``
+under its own name, so pickling and a script's own ``from randomgguf import ...`` work as when run."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[2]
+FOLDERS = (ROOT / "scripts", ROOT / "scripts" / "gpu")
+NEEDS = {"kit": ("randomgguf",)}  # the script modules a script imports at its top
+
+
+def load(name: str) -> ModuleType:
+    """The script module ``name`` (scripts/NAME.py or scripts/gpu/NAME.py), loaded once."""
+    path = next((folder / f"{name}.py" for folder in FOLDERS if (folder / f"{name}.py").is_file()), None)
+    if path is None:
+        raise ModuleNotFoundError(f"no scripts/{name}.py nor scripts/gpu/{name}.py", name=name)
+    loaded = sys.modules.get(name)
+    if loaded is not None:
+        if Path(getattr(loaded, "__file__", "") or "").resolve() != path:
+            raise ImportError(f"{name} is already imported from elsewhere: {loaded!r}", name=name)
+        return loaded
+    for needed in NEEDS.get(name, ()):
+        load(needed)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module

@@ -1,0 +1,1 @@
+"""The Textual chat app, its terminal runs and its conversation store."""
