@@ -297,7 +297,7 @@ TINY = Dims(n_layer=2, n_embd=64, n_ff=128, n_head=4, n_head_kv=2, tied_output=F
 TINY_LOGIT_STD = 4.0  # std of the tiny model's logits: top-1 − top-2 gaps of ~1
 # Seed 1: on the engine's prompts greedy choices win by ≥ 0.013 logits, ≥ 28 × the largest difference
 # measured between a token's row in a batch and decoded alone (5e-4), so speculation's greedy output
-# equals plain decoding exactly (tests/test_tiny_gguf.py). Seeds 0, 2 and 3 have near-ties there.
+# equals plain decoding exactly (tests/engine/test_tiny_gguf.py). Seeds 0, 2 and 3 have near-ties there.
 TINY_SEED = 1
 
 

@@ -19,13 +19,13 @@ if [ "${1:-}" = "--quick" ]; then
     lint-imports  # docs/architecture.md's import rules (pyproject.toml [tool.importlinter]); under a second
     exec python -m pytest -q -m "not model and not slow" "$@"
 fi
-# The training stack (torch CPU build, transformers, peft) for tests/test_train_tiny.py; the quick
+# The training stack (torch CPU build, transformers, peft) for tests/engine/test_train_tiny.py; the quick
 # subset above stays free of it.
 python -m pip install -q -e '.[train]'
 ruff check edgespec tui tests scripts
 lint-imports  # the import rules of docs/architecture.md (pyproject.toml [tool.importlinter])
 edgespec models pull qwen2.5-coder-1.5b+0.5b
-# The single binary (tests/test_binary.py); its no-Python chroot test needs a static busybox.
+# The single binary (tests/real/test_binary.py); its no-Python chroot test needs a static busybox.
 if [ "$(id -u)" = 0 ] && ! command -v busybox >/dev/null; then
     (apt-get update -qq && apt-get install -y -qq busybox-static) >/dev/null 2>&1 ||
         echo "busybox-static not installed: the chroot test will skip"
