@@ -39,6 +39,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import textwrap
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import NamedTuple
@@ -448,7 +449,8 @@ def error_tail(log: str, lines: int = 15) -> list[str]:
         if "note: This error originates from a subprocess" in line:
             kept = kept[:i]
             break
-    return [s for s in kept if s.strip()][-lines:]
+    tail = [s for s in kept if s.strip()][-lines:]
+    return textwrap.dedent("\n".join(tail)).splitlines()
 
 
 def build_wheel(args: list[str], out: Path) -> Path:

@@ -454,6 +454,8 @@ def test_error_tail_stops_before_pips_closing_notes():
                      "ERROR: Failed to build 'llama-cpp-python'"])
     tail = install.error_tail(log, lines=3)
     assert tail == ["line 29", "  nvcc fatal : boom", "  error: subprocess-exited"]
+    indented = "Collecting llama-cpp-python\n" + "\n".join(f"      {line}" for line in log.splitlines()[:-2])
+    assert install.error_tail(indented, lines=3) == tail  # pip's indent taken off
 
 
 def test_other_cpus_keep_their_plain_args(tmp_path):
