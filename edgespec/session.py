@@ -57,8 +57,9 @@ class ChatEngine(Protocol):
         ...
 
     def prepare(self, planner: Planner | None, on_progress: LoadCallback) -> None:
-        """Give ``planner`` what it needs from this pair before it drafts (auto, OPT-Tree: the pair's
-        cost profile, measured here the first time). Runs on the thread that then streams."""
+        """Give ``planner`` what it asks of this pair's profile before it drafts (``Planner.prepare``:
+        auto's cost curves and fit, OPT-Tree's μ; measured here the first time). Runs on the thread that
+        then streams."""
         ...
 
     def stream(
@@ -207,7 +208,7 @@ class ChatBackend:
         return LoadedPair(engine, resolved.name, choice)
 
     def make_planner(self, choice: StrategyChoice) -> Planner | None:
-        """Cost profiles are attached later, in ``ChatEngine.prepare`` (it measures, on first use)."""
+        """The pair's profile is given later, in ``ChatEngine.prepare`` (it measures, on first use)."""
         return make_planner(choice, self.pair or PairDefaults(""))
 
 
@@ -223,7 +224,7 @@ class PairEngine:
         self.pair = pair
         self.n_ctx = pair.target.n_ctx
         self.has_draft = pair.draft is not None
-        self._with_costs: set[int] = set()  # planners given this pair's cost profile already
+        self._with_costs: set[int] = set()  # planners that asked this pair's profile already
         self.cache = PromptCache(pair, cache_ram)
 
     def piece(self, token: int) -> str:
@@ -236,7 +237,7 @@ class PairEngine:
         from .profile.attach import attach
 
         if planner is not None and id(planner) not in self._with_costs:
-            # auto, OPT-Tree: this pair's cost profile (measured once per pair and machine, cached)
+            # what it asks for (auto, OPT-Tree: the cost profile; measured once per pair and machine)
             attach(planner, self.pair, progress=on_progress)
             self._with_costs.add(id(planner))
 

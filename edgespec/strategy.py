@@ -5,7 +5,8 @@ A ``StrategyChoice`` is what the user picked (a name and the parameters given: C
 dialog). ``make_planner`` turns it into a ready planner for a resolved pair: the strategy's defaults,
 under the pair's defaults from models.toml (its budget only for its own recommended strategy), under
 the choice; aliases resolved (a chain's budget is its γ); the pair's decision model found for
-``--early-stop model``; with the loaded pair, its cost profile attached to planners that use one.
+``--early-stop model``. Nothing here loads or measures: the caller then gives the planner the loaded
+pair's profile (``edgespec.profile.attach``).
 """
 
 from __future__ import annotations
@@ -80,17 +81,9 @@ def planner_params(choice: StrategyChoice, pair: PairDefaults) -> dict[str, Any]
     return params
 
 
-def make_planner(
-    choice: StrategyChoice, pair: PairDefaults, engine=None, progress=None, show_progress: bool = False
-) -> Planner | None:
-    """The planner for ``choice`` on ``pair`` (None for plain decoding). With the loaded pair
-    (``engine``: a ``ModelPair``), planners that use cost curves get its profile (measured once,
-    then cached; ``progress``/``show_progress`` report the measuring)."""
+def make_planner(choice: StrategyChoice, pair: PairDefaults) -> Planner | None:
+    """The planner for ``choice`` on ``pair`` (None for plain decoding), not prepared yet: planners that
+    use the pair's cost curves or fit get them from ``edgespec.profile.attach.attach``."""
     if choice.name == "none":
         return None
-    planner = strategies.build(choice.name, planner_params(choice, pair))
-    if engine is not None and planner.wants_costs:
-        from .profile.attach import attach
-
-        attach(planner, engine, progress=progress, show_progress=show_progress)
-    return planner
+    return strategies.build(choice.name, planner_params(choice, pair))

@@ -121,7 +121,7 @@ def parse_variants(text: str, budgets: str | None, repeats: int = 1) -> list[tup
 
 def build_variants(args, resolved) -> list:
     """One variant per strategy and budget (the command line's parameters for all, ``:BUDGET`` for
-    one); cost-aware planners get the profile afterwards."""
+    one); the planners ask the pair's profile for what they need afterwards (``profile.attach``)."""
     from ..measure import Variant
 
     given = options.parameters_from_args(args)
@@ -187,8 +187,7 @@ def check_outputs(args: argparse.Namespace) -> None:
 def _bench(args: argparse.Namespace, console: Console) -> int:
     from ..measure import BenchConfig, document, report, run_bench, summarise
     from ..measure.prompts import load_prompts
-    from ..profile import costs
-    from ..profile.attach import attach
+    from ..profile.attach import PairProfile, attach
     from ..profile.store import profile_path
     from ..progress import progress_bar
 
@@ -197,19 +196,20 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
     resolved, pair = options.load(args, need_draft=True)
     with pair:
         variants = [] if args.profile else build_variants(args, resolved)  # --profile: print it, nothing else
-        cost_aware = [v.planner for v in variants if v.planner.wants_costs]  # auto, OPT-Tree's μ, n-gram
-        profile = None
-        if args.profile or args.reprofile or cost_aware:
-            quick = not (args.profile or args.reprofile)
-            with progress_bar("cost profile") as bar:
-                profile = costs.load_or_measure(pair, refresh=args.reprofile, quick=quick, progress=bar)
-            if args.profile or args.reprofile:
-                console.print(report.profile_table(profile))
-                console.print(f"[dim]cached in {profile_path(profile.key)}[/dim]")
+        shown = args.profile or args.reprofile  # measured on every size (``--reprofile``: again)
+        # one profile for every variant: measured (or loaded) when the first asks (auto, OPT-Tree, …)
+        with PairProfile(
+            pair, show_progress=True, refresh=args.reprofile, quick=not shown, label="cost profile"
+        ) as pair_profile:
+            if shown:
+                table = pair_profile.cost_profile()
+                console.print(report.profile_table(table))
+                console.print(f"[dim]cached in {profile_path(table.key)}[/dim]")
             if args.profile:
                 return 0
-            for planner in cost_aware:
-                attach(planner, pair)  # the profile just measured (cached)
+            for variant in variants:
+                attach(variant.planner, pair_profile)
+        profile = pair_profile.asked  # None when no planner asked for it
         config = BenchConfig(
             max_tokens=args.max_tokens,
             sampling=options.sampling_params(args),

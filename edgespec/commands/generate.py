@@ -12,6 +12,7 @@ from ..decoding.chat import ChatSettings, Message, prompt_tokens, stream_reply
 from ..decoding.events import GenerationStats
 from ..engine.limits import check_engine
 from ..errors import EdgespecError
+from ..profile.attach import attach
 from ..strategy import make_planner, needs_draft
 
 STDIN_MAX_BYTES = 64 * 2**20  # --ctx's most tokens (2**24) at ~4 bytes a token
@@ -80,7 +81,8 @@ def run(args) -> int:
     with pair:
         prompt_tokens(pair, [Message("user", prompt)], settings)  # too long? say so before profiling costs
         choice = options.strategy_choice(args)
-        planner = make_planner(choice, resolved.defaults, pair, show_progress=True)  # costs: auto, OPT-Tree
+        planner = make_planner(choice, resolved.defaults)
+        attach(planner, pair, show_progress=True)  # what it asks for: auto's costs and fit, OPT-Tree's μ
         stats = GenerationStats()
         text, tokens, margins, steps = [], [], [], []
         finish = None

@@ -14,6 +14,7 @@ from ..errors import EdgespecError
 from ..measure import tune as tuning
 from ..models.paths import decision_model_path
 from ..planner.earlystop import DecisionModel
+from ..profile.attach import attach
 from ..progress import progress_bar
 from ..strategy import StrategyChoice, make_planner
 
@@ -62,13 +63,21 @@ def register(sub) -> None:
 
 
 def _planner(
-    args, pair, early_stop: str = "off", model_path: Path | None = None, strategy: str | None = None
+    args,
+    resolved,
+    pair,
+    early_stop: str = "off",
+    model_path: Path | None = None,
+    strategy: str | None = None,
 ):
-    """The command line's strategy choice with the early stop of a compared variant (off to collect)."""
+    """The command line's strategy choice with the early stop of a compared variant (off to collect),
+    given what it asks of the loaded ``pair``'s profile (MCSD asks nothing: nothing is measured)."""
     params = {**options.parameters_from_args(args), "early_stop": early_stop}
     if model_path is not None:
         params["early_stop_model"] = str(model_path)
-    return make_planner(StrategyChoice(strategy or args.strategy, params), pair.defaults)
+    planner = make_planner(StrategyChoice(strategy or args.strategy, params), resolved.defaults)
+    attach(planner, pair)
+    return planner
 
 
 def run(args) -> int:
@@ -86,7 +95,7 @@ def run(args) -> int:
         out["pair"] = resolved.name
         compare_cases = cases
         if not args.no_train:
-            planner = _planner(args, resolved)
+            planner = _planner(args, resolved, pair)
             with progress_bar(f"{planner.name} {planner.describe()}", console) as bar:
                 examples = tuning.collect(
                     pair,
@@ -123,10 +132,10 @@ def run(args) -> int:
             if args.compare_prompts:
                 compare_cases = tuning.load_cases(args.compare_prompts)
             planners = {
-                "off": lambda: _planner(args, resolved, strategy="mcsd"),
-                "threshold": lambda: _planner(args, resolved, "threshold", strategy="mcsd"),
-                "model": lambda: _planner(args, resolved, "model", path, strategy="mcsd"),
-                "target-init": lambda: _planner(args, resolved, strategy="mcsd-target-init"),
+                "off": lambda: _planner(args, resolved, pair, strategy="mcsd"),
+                "threshold": lambda: _planner(args, resolved, pair, "threshold", strategy="mcsd"),
+                "model": lambda: _planner(args, resolved, pair, "model", path, strategy="mcsd"),
+                "target-init": lambda: _planner(args, resolved, pair, strategy="mcsd-target-init"),
             }
             chosen = {v: planners[v]() for v in variants}
             tokens = args.compare_tokens or args.max_tokens

@@ -40,6 +40,7 @@ from .tree import (
     PlanContext,
     Planner,
     PlanStats,
+    Profile,
     SparseDist,
     TreeBuilder,
 )
@@ -60,18 +61,19 @@ class NGramPlanner(Planner):
         minimum=0,
         maximum=1,
     )
-    # the pair's cost curves (``use_costs``): size by expected rate
+    # the pair's cost curves (``prepare``): size by expected rate
     costs: CostModel | None = field(default=None, compare=False, repr=False)
     name = "ngram"
     needs_draft = False  # no draft model at all: the pair may have none
-    wants_costs = True
     copier: Copier = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.copier = Copier(n_max=self.ngram_max, matches=self.matches)
 
-    def use_costs(self, costs: CostModel) -> None:
-        self.costs = costs
+    def prepare(self, profile: Profile) -> None:
+        costs = profile.costs()  # the pair's cost curves (None: no draft to measure them with)
+        if costs is not None:
+            self.costs = costs
 
     def describe(self) -> str:
         size = "sized by cost" if self.costs is not None else f"p̂≥{self.min_accept:g}"
@@ -107,15 +109,16 @@ class HybridPlanner(Planner):
     mu: float | None = param(None, params.MU, kind="float", minimum=0)
     costs: CostModel | None = field(default=None, compare=False, repr=False)
     name = "hybrid"
-    wants_costs = True
     top_mass: float = field(default=PRIOR_TOP_MASS, repr=False)  # A, learned from the draft's dists
     copier: Copier = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.copier = Copier(n_max=self.ngram_max, matches=self.matches)
 
-    def use_costs(self, costs: CostModel) -> None:
-        self.costs = costs
+    def prepare(self, profile: Profile) -> None:
+        costs = profile.costs()  # the pair's cost curves (None: no draft to measure them with)
+        if costs is not None:
+            self.costs = costs
 
     @property
     def threshold(self) -> float:

@@ -12,7 +12,7 @@ Algorithm 1, level by level (one batched draft decode per level):
 2. E_new = the sum of the n largest p̂ in the whole tree so far (non-decreasing, Theorem 3.2);
 3. stop when E_new − E_old < δ — a deeper level costs one more draft step, worth it only if it
    adds more than δ expected tokens, with μ ≤ δ ≤ 1 where μ = draft step time / target step time;
-   here both are measured (the pair's cost profile, ``use_costs``): μ = c_d(m) / c_t(n + 1), a draft
+   here both are measured (the pair's cost profile, ``prepare``): μ = c_d(m) / c_t(n + 1), a draft
    level of the m nodes about to be expanded over verifying the tree's n + 1 tokens. One draft token
    over one target token, c_d(1) / c_t(1), would undercount a level of m nodes wherever that costs
    more than one decode (on a CPU, about m decodes) and grow trees too deep;
@@ -53,7 +53,7 @@ from . import params
 from .costmodel import CostModel, best_size
 from .growth import Growth, grow
 from .params import param
-from .tree import Drafter, DraftTree, PlanContext, Planner, PlanStats, SparseDist, TreeBuilder
+from .tree import Drafter, DraftTree, PlanContext, Planner, PlanStats, Profile, SparseDist, TreeBuilder
 from .tsd import best_by_path_prob
 
 
@@ -178,7 +178,7 @@ class OptTreePlanner(Planner):
     budget: int = param(
         24, "n: draft tokens in the tree, root excluded (with a cost profile: at most n)", minimum=1
     )
-    mu: float | None = param(None, params.MU, kind="float", minimum=0)  # None → measured (use_costs)
+    mu: float | None = param(None, params.MU, kind="float", minimum=0)  # None → measured (prepare)
     delta: float | None = param(
         None, "δ: stop deepening when E(A) grows by less (default: μ, break-even)", kind="float"
     )
@@ -195,14 +195,16 @@ class OptTreePlanner(Planner):
         default_factory=dict, init=False, compare=False, repr=False
     )
     name = "opt-tree"
-    wants_costs = True
 
     DEFAULT_MU = 0.15  # without a profile: a 0.5B draft against a ~7B target on a GPU
 
-    def use_costs(self, costs: CostModel) -> None:
-        """Take μ from the pair's cost profile: its draft level and target verify curves."""
-        self.costs = costs
-        self._levels.clear()
+    def prepare(self, profile: Profile) -> None:
+        """μ from the pair's cost profile: its draft level and target verify curves (asked for even with
+        μ given: with layers="paying" a level's cost, and the tree's size, come from them too)."""
+        costs = profile.costs()
+        if costs is not None:
+            self.costs = costs
+            self._levels.clear()
 
     def threshold(self, level: int, n: int) -> float:
         """δ, the gain in E(A) that pays for a draft level of ``level`` nodes in a tree of n draft

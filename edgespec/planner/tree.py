@@ -283,6 +283,22 @@ class PlanContext:
     warm: Collection[int] = frozenset()
 
 
+class Profile(Protocol):
+    """The pair's run-time profile on this machine, as ``Planner.prepare`` may ask for it (declared
+    here: the planners sit below what measures it; ``edgespec.profile.attach.PairProfile`` is the one
+    over a loaded pair). Each part is measured on first ask (then cached per pair and machine), so a
+    planner that asks for nothing costs nothing."""
+
+    def costs(self) -> CostModel | None:
+        """The pair's measured cost curves c_t(n), c_d(n), c_k(n) (None: no draft to measure them with)."""
+        ...
+
+    def fit(self) -> DraftFit | None:
+        """How well the draft predicts the target, measured once per pair (None: nothing to measure it
+        on, or no draft)."""
+        ...
+
+
 @dataclass(frozen=True)
 class DraftSetup:
     """What a planner needs the draft model to be for it: the plain draft (the default), or a
@@ -303,8 +319,8 @@ class Planner:
     - ``needs_draft``: False → never calls the drafter (copies from the context); the pair may have none.
     - ``needs_target_root``: the target decodes the root alone first and ``plan`` gets its candidates as
       ``root_dist`` (mcsd-target-init).
-    - ``wants_costs``: ``use_costs`` takes the pair's measured cost curves (auto, OPT-Tree's μ, n-gram).
-    - ``wants_fit``: ``use_fit`` takes how well the draft predicts the target, measured once (auto).
+    - ``prepare``: asks the pair's run-time profile for what it needs before it drafts (auto, OPT-Tree,
+      n-gram, hybrid: the cost curves; auto also the draft's fit); by default asks for nothing.
     - ``observe``: sees every finished step (planners that learn from outcomes); by default ignores it.
     - ``draft_setup``: the draft model it needs (the plain draft, or a parallel drafter with masks).
     """
@@ -313,8 +329,6 @@ class Planner:
     lossy: ClassVar[bool] = False  # True only for variants that change the output distribution
     needs_draft: ClassVar[bool] = True
     needs_target_root: ClassVar[bool] = False
-    wants_costs: ClassVar[bool] = False
-    wants_fit: ClassVar[bool] = False
 
     def plan(self, root_token: int, drafter: Drafter | None, ctx: PlanContext) -> DraftTree:
         raise NotImplementedError
@@ -334,13 +348,10 @@ class Planner:
         """Short parameter summary for status bars and bench tables, e.g. 'k=4 τ=2 budget=16'."""
         raise NotImplementedError
 
-    def use_costs(self, costs: CostModel) -> None:
-        """Take the pair's cost curves (called only when ``wants_costs``)."""
-        raise TypeError(f"{self.name} does not use cost curves")
-
-    def use_fit(self, fit: DraftFit) -> None:
-        """Take the pair's measured fit (called only when ``wants_fit``)."""
-        raise TypeError(f"{self.name} does not use the pair's fit")
+    def prepare(self, profile: Profile) -> None:
+        """Ask the pair's run-time profile for what this planner needs, once, before it drafts (called
+        by ``edgespec.profile.attach``). Most planners need nothing: they ask nothing, and nothing is
+        measured for them."""
 
     def observe(self, event: StepOutcome) -> None:
         """Learn from a finished step (its tree, accepted path and timings). Most planners do not."""

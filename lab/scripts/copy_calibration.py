@@ -19,6 +19,7 @@ from edgespec.engine.pair import EngineSettings
 from edgespec.measure.prompts import load_prompts
 from edgespec.models.pairs import open_pair, resolve_pair
 from edgespec.planner import ngram
+from edgespec.profile.attach import attach
 from edgespec.strategy import StrategyChoice, make_planner
 
 E_BINS = (0.0, 1.0, 2.0, 4.0, 8.0, 1e9)  # E[A] bins: [0, 1), [1, 2), [2, 4), [4, 8), [8, …)
@@ -74,7 +75,7 @@ with open_pair(resolved, EngineSettings(threads=2)) as pair:
             tested.clear()
             by_e = collections.defaultdict(lambda: np.zeros(4))  # steps, predicted, accepted, verified
             for case in load_prompts(prompt_set):
-                planner = make_planner(StrategyChoice(name, {}), resolved.defaults, pair)
+                planner = attach(make_planner(StrategyChoice(name, {}), resolved.defaults), pair)
                 messages = [Message(role, text) for role, text in case.messages]
                 for event in stream_reply(pair, planner, messages, ChatSettings(max_tokens=max_tokens)):
                     if event.drafted and event.tree is not None and event.tree.copied.any():

@@ -26,6 +26,7 @@ from edgespec.engine.pair import EngineSettings
 from edgespec.measure.prompts import load_prompts
 from edgespec.models.pairs import open_pair, resolve_pair
 from edgespec.planner.ngram import common_prefix
+from edgespec.profile.attach import attach
 from edgespec.strategy import StrategyChoice, make_planner
 
 
@@ -56,7 +57,7 @@ most = int(sys.argv[3]) if len(sys.argv) > 3 else 32
 resolved = resolve_pair()
 rows = {"copy": [], "any": []}
 with open_pair(resolved, EngineSettings(threads=2)) as pair:
-    costs = make_planner(StrategyChoice("ngram", {}), resolved.defaults, pair).costs
+    costs = attach(make_planner(StrategyChoice("ngram", {}), resolved.defaults), pair).costs
 
     def price(n: int) -> float:
         """Seconds to verify n tokens (root included)."""

@@ -12,6 +12,7 @@ from edgespec.decoding.chat import ChatSettings, Message, stream_reply
 from edgespec.engine.pair import EngineSettings
 from edgespec.measure.prompts import load_prompts
 from edgespec.models.pairs import open_pair, resolve_pair
+from edgespec.profile.attach import attach
 from edgespec.strategy import StrategyChoice, make_planner
 
 variants = [
@@ -25,7 +26,7 @@ r = resolve_pair()
 out = {}
 with open_pair(r, EngineSettings(threads=1, n_ctx=4096)) as pair:
     for name, params in variants:
-        planner = make_planner(StrategyChoice(name, params), r.defaults, pair)
+        planner = attach(make_planner(StrategyChoice(name, params), r.defaults), pair)
         committed = verified = steps = 0
         passes = []
         for case in cases:

@@ -26,6 +26,7 @@ from edgespec.engine.pair import EngineSettings
 from edgespec.measure.prompts import load_prompts
 from edgespec.measure.runner import timed_run
 from edgespec.models.pairs import open_pair, resolve_pair
+from edgespec.profile.attach import attach
 from edgespec.strategy import StrategyChoice, make_planner
 
 MODES = ("ngram-simple", "ngram-map-k", "ngram-mod")
@@ -75,7 +76,9 @@ def main(argv: list[str]) -> int:
         p["ratios"].append(r)
 
     with open_pair(resolved, EngineSettings(threads=THREADS)) as pair, tempfile.TemporaryDirectory() as tmp:
-        planners = {s: make_planner(StrategyChoice(s, {}), resolved.defaults, pair) for s in strategies}
+        planners = {
+            s: attach(make_planner(StrategyChoice(s, {}), resolved.defaults), pair) for s in strategies
+        }
         planners["plain"] = None
         greedy = SamplingParams()
 

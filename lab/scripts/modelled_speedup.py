@@ -17,6 +17,7 @@ from edgespec.decoding.decoder import Request, generate
 from edgespec.engine.pair import EngineSettings
 from edgespec.measure.prompts import load_prompts
 from edgespec.models.pairs import open_pair, resolve_pair
+from edgespec.profile.attach import attach
 from edgespec.strategy import StrategyChoice, make_planner
 
 prompt_set, strategy = sys.argv[1], sys.argv[2]
@@ -25,7 +26,7 @@ max_tokens = int(sys.argv[4]) if len(sys.argv) > 4 else 128
 resolved = resolve_pair()
 ratios = []
 with open_pair(resolved, EngineSettings(threads=2)) as pair:
-    planner = make_planner(StrategyChoice(strategy, {}), resolved.defaults, pair)
+    planner = attach(make_planner(StrategyChoice(strategy, {}), resolved.defaults), pair)
     plain_step = float(planner.costs.t(1))
     for case in load_prompts(prompt_set):
         messages = [Message(role, content) for role, content in case.messages]

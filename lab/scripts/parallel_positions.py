@@ -12,6 +12,7 @@ from edgespec.engine import EngineSettings
 from edgespec.measure.depths import measure, report
 from edgespec.measure.prompts import prompt_set
 from edgespec.models.pairs import open_pair, resolve_pair
+from edgespec.profile.attach import attach
 from edgespec.strategy import StrategyChoice, make_planner
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -40,7 +41,7 @@ with open_pair(resolved, settings) as pair:
         name, _, budget = item.partition(":")
         choices.append(StrategyChoice(name, {"budget": int(budget)} if budget else {}))
     for choice in choices:
-        planner = make_planner(choice, resolved.defaults, pair)
+        planner = attach(make_planner(choice, resolved.defaults), pair)
         label = f"{planner.name} {planner.describe()}"
         result = measure(pair, planner, prompts, args.max_tokens)
         results[label] = result.as_dict()

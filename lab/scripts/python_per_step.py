@@ -15,6 +15,7 @@ from edgespec.decoding import decoder
 from edgespec.decoding.chat import ChatSettings, Message, prompt_tokens
 from edgespec.engine.pair import EngineSettings
 from edgespec.models.pairs import open_pair, resolve_pair
+from edgespec.profile.attach import attach
 from edgespec.strategy import StrategyChoice, make_planner
 
 PROMPTS = [
@@ -26,7 +27,7 @@ name, params = sys.argv[1], json.loads(sys.argv[2])
 max_tokens = int(sys.argv[3]) if len(sys.argv) > 3 else 64
 resolved = resolve_pair()
 with open_pair(resolved, EngineSettings(threads=1)) as pair:
-    planner = make_planner(StrategyChoice(name, params), resolved.defaults, pair)
+    planner = attach(make_planner(StrategyChoice(name, params), resolved.defaults), pair)
     per_prompt, pooled = [], []
     for text in PROMPTS:
         prompt, _ = prompt_tokens(pair, [Message("user", text)], ChatSettings(max_tokens=max_tokens))

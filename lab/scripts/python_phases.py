@@ -27,6 +27,7 @@ from edgespec.engine import draft as draft_module
 from edgespec.engine.pair import EngineSettings
 from edgespec.models.pairs import open_pair, resolve_pair
 from edgespec.planner import tree as tree_mod
+from edgespec.profile.attach import attach
 from edgespec.strategy import StrategyChoice, make_planner
 
 PROMPT = "Write a Python function that checks whether a string is a palindrome, with tests."
@@ -85,7 +86,8 @@ with open_pair(resolved, EngineSettings(threads=1)) as pair:
     timed(context, "logits_rows", "logits view")
     timed(context, "seq_cp", "seq_cp")
     timed(context, "seq_rm", "seq_rm")
-    planner = None if name == "plain" else make_planner(StrategyChoice(name, params), resolved.defaults, pair)
+    planner = None if name == "plain" else make_planner(StrategyChoice(name, params), resolved.defaults)
+    attach(planner, pair)
     prompt, _ = prompt_tokens(pair, [Message("user", PROMPT)], ChatSettings(max_tokens=max_tokens))
     steps = tokens = 0
     python = 0.0

@@ -17,6 +17,7 @@ from edgespec.decoding.events import GenerationStats
 from edgespec.engine.pair import EngineSettings
 from edgespec.measure.bench_client import CONVERSATION, SYSTEM
 from edgespec.models.pairs import open_pair, resolve_pair
+from edgespec.profile.attach import attach
 from edgespec.session import PairEngine
 from edgespec.strategy import StrategyChoice, make_planner
 
@@ -30,7 +31,7 @@ resolved = resolve_pair()
 log = open(args.log, "w") if args.log else None
 with open_pair(resolved, EngineSettings(threads=2, n_ctx=8192)) as pair:
     engine = PairEngine(pair)
-    planner = make_planner(StrategyChoice(args.strategy, {}), resolved.defaults, pair)
+    planner = attach(make_planner(StrategyChoice(args.strategy, {}), resolved.defaults), pair)
     engine.prepare(planner, lambda *_: None)
     if args.copy_depth:
         planner.copier.max_depth = args.copy_depth

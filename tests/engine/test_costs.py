@@ -19,7 +19,7 @@ from tests.support.fake_llama import ChatFakePair
 
 @pytest.fixture(scope="module")
 def measured() -> tuple[ChatFakePair, CostProfile]:
-    pair = ChatFakePair(n_seq=17)  # with a chat template: attaching auto measures the fit too
+    pair = ChatFakePair(n_seq=17)  # with a chat template: auto's prepare measures the fit too
     steps = []
     profile = costs.measure(
         pair, sizes=(1, 2, 4, 8), catchup_sizes=(1, 4), repeats=2, progress=lambda *a: steps.append(a)
@@ -103,16 +103,44 @@ def test_cache_is_keyed_and_reused(measured, tmp_path, monkeypatch):
     assert costs.load_cached(pair, tmp_path) == profile
 
 
-def test_attach_gives_auto_its_curves(measured, tmp_path):
+def test_attach_gives_auto_its_curves(measured, tmp_path, monkeypatch):
     from edgespec.planner.auto import AutoPlanner
     from edgespec.planner.chain import ChainPlanner
+    from edgespec.profile import fit
 
     pair, profile = measured
     costs.save(profile, tmp_path)
     planner = AutoPlanner()
-    attach(planner, pair, home=tmp_path)
+    assert attach(planner, pair, home=tmp_path) is planner
     assert planner.costs is not None and planner.costs.target.shape == (pair.max_nodes - 1,)
-    attach(ChainPlanner(), pair, home=tmp_path)  # planners without use_costs are left alone
+    assert not planner.costs.look_ahead  # a local target: the draft does not look ahead
+    # A planner that asks for nothing costs nothing: no profile read, nothing measured, nothing written.
+    monkeypatch.setattr(costs, "load_cached", lambda *a, **k: pytest.fail("read a profile nobody asked for"))
+    monkeypatch.setattr(fit, "load_fit", lambda *a, **k: pytest.fail("read a fit nobody asked for"))
+    attach(ChainPlanner(), pair, home=tmp_path / "empty")
+    assert not (tmp_path / "empty").exists()
+    assert attach(None, pair) is None  # plain decoding
+
+
+def test_one_pair_profile_serves_every_planner_it_is_given_to(measured, tmp_path, monkeypatch):
+    """Bench's way: one ``PairProfile`` for every variant, loaded (or measured) when the first asks;
+    OPT-Tree asks even with μ given (its levels' cost and its tree's size come from the curves)."""
+    from edgespec.planner.copy_drafts import NGramPlanner
+    from edgespec.planner.opt_tree import OptTreePlanner
+    from edgespec.profile.attach import PairProfile
+
+    pair, profile = measured
+    costs.save(profile, tmp_path)
+    loads, real = [], costs.load_cached
+    monkeypatch.setattr(costs, "load_cached", lambda *a, **k: loads.append(1) or real(*a, **k))
+    planners = OptTreePlanner(mu=0.3), NGramPlanner()
+    with PairProfile(pair, home=tmp_path) as shared:
+        assert shared.asked is None  # nothing asked yet: nothing loaded
+        for planner in planners:
+            attach(planner, shared)
+    assert loads == [1] and shared.asked == profile
+    assert all(p.costs is not None and p.costs.target.shape == (pair.max_nodes - 1,) for p in planners)
+    assert planners[0].threshold(8, 24) == 0.3
 
 
 def test_model_identity_reads_the_store_record(tmp_path):

@@ -18,6 +18,7 @@ from edgespec.profile import costs, fit
 from edgespec.profile.attach import attach
 from tests.support.fake_llama import ChatFakePair
 from tests.support.fakes import SyntheticDrafter, sparse
+from tests.support.profiles import Given
 
 
 @pytest.fixture(scope="module")
@@ -104,11 +105,11 @@ def test_a_measured_fit_lets_auto_draft_from_the_first_step_over_a_slow_link():
     """With a typical draft's prior (top-1 0.6) the forecast says plain, and a fresh answer has no credit
     for a probe: a draft that is really right 80 % of the time would never be tried. Its fit says so."""
     assert _first_step(AutoPlanner(costs=SLOW_LINK), q=0.8) == PLAIN
-    good = AutoPlanner(costs=SLOW_LINK)
-    good.use_fit(DraftFit(np.array([0.8, 0.08, 0.03, 0.02]), ratio=1.0, tokens=64))
+    good = AutoPlanner()
+    good.prepare(Given(SLOW_LINK, DraftFit(np.array([0.8, 0.08, 0.03, 0.02]), ratio=1.0, tokens=64)))
     assert _first_step(good, q=0.8) == SPECULATE
-    poor = AutoPlanner(costs=SLOW_LINK)  # a confident draft the target seldom agrees with: still plain
-    poor.use_fit(DraftFit(np.array([0.8, 0.08, 0.03, 0.02]), ratio=0.5, tokens=64))
+    poor = AutoPlanner()  # a confident draft the target seldom agrees with: still plain
+    poor.prepare(Given(SLOW_LINK, DraftFit(np.array([0.8, 0.08, 0.03, 0.02]), ratio=0.5, tokens=64)))
     assert _first_step(poor, q=0.8) == PLAIN
 
 
@@ -116,8 +117,8 @@ def test_learnt_cost_factors_never_make_plain_decoding_final():
     """ "Speculation cannot pay on this machine" is read off the profile. Factors learnt from a few slow
     steps may make the forecast say plain, but when they come back auto drafts again (on learnt
     factors that verdict was final: with nothing drafted, nothing could unlearn it)."""
-    planner = AutoPlanner(costs=SLOW_LINK)
-    planner.use_fit(DraftFit(np.array([0.8, 0.08, 0.03, 0.02]), ratio=1.0, tokens=64))
+    planner = AutoPlanner()
+    planner.prepare(Given(SLOW_LINK, DraftFit(np.array([0.8, 0.08, 0.03, 0.02]), ratio=1.0, tokens=64)))
     assert _first_step(planner, q=0.8) == SPECULATE
     cal = planner.calibration
     cal.batch_factor = cal.draft_factor = 8.0
@@ -133,19 +134,20 @@ def test_over_rpc_drafting_starts_at_what_the_look_ahead_leaves_and_steps_correc
     at 1 − P(hit) of its profiled cost — P(hit): how often the fit saw the draft right 5 times in a
     row (runs[4]), or α⁵ (α = r · p₁) for a fit without runs — in either order of costs and fit; on
     this machine it starts at 1. Once a step has measured drafting, a fit arriving later does not
-    reset it."""
+    reset it. (``prepare`` gives the costs first: the other order through the calibration's setters.)"""
     runs = (0.8, 0.7, 0.62, 0.55, 0.5, 0.45, 0.4, 0.35)  # right guesses come in runs: 0.5 ≫ 0.8⁵ = 0.33
     fit = DraftFit(np.array([0.8, 0.08, 0.03, 0.02]), ratio=1.0, tokens=64, runs=runs)
-    here = AutoPlanner(costs=SLOW_LINK)
-    here.use_fit(fit)
+    here = AutoPlanner()
+    here.prepare(Given(SLOW_LINK, fit))
     assert here.calibration.draft_factor == 1.0
     for fit_first, runs_known in ((False, True), (True, True), (False, False)):
         remote, this_fit = AutoPlanner(), fit if runs_known else dataclasses.replace(fit, runs=())
+        link = dataclasses.replace(SLOW_LINK, look_ahead=True)
         if fit_first:
-            remote.use_fit(this_fit)
-        remote.use_costs(dataclasses.replace(SLOW_LINK, look_ahead=True))
-        if not fit_first:
-            remote.use_fit(this_fit)
+            remote.calibration.set_fit(this_fit)
+            remote.calibration.set_costs(link)
+        else:
+            remote.prepare(Given(link, this_fit))
         assert remote.calibration.draft_factor == pytest.approx(1 - (0.5 if runs_known else 0.8**5))
         assert remote.calibration.effective.look_ahead  # the learned curves keep the flag
     cal = remote.calibration
@@ -154,7 +156,7 @@ def test_over_rpc_drafting_starts_at_what_the_look_ahead_leaves_and_steps_correc
     cal.learn_costs(step)
     learned = cal.draft_factor
     assert learned < 1 - 0.8**5  # 0.09 s of 0.3 s profiled: most of it hidden
-    remote.use_fit(fit)
+    cal.set_fit(fit)
     assert cal.draft_factor == learned
 
 
@@ -189,8 +191,9 @@ def test_over_rpc_plain_steps_keep_the_curve_current_from_the_drafts_free_guesse
     from edgespec.planner.tree import TreeBuilder
 
     def plain_steps(right: bool, n: int = 40) -> AutoPlanner:
-        planner = AutoPlanner(costs=dataclasses.replace(SLOW_LINK, look_ahead=True))
-        planner.use_fit(DraftFit(np.array([0.6, 0.1, 0.05, 0.03]), ratio=0.6, tokens=64))
+        planner = AutoPlanner()
+        fit = DraftFit(np.array([0.6, 0.1, 0.05, 0.03]), ratio=0.6, tokens=64)
+        planner.prepare(Given(dataclasses.replace(SLOW_LINK, look_ahead=True), fit))
         assert _first_step(planner, q=0.6) == PLAIN
         for _ in range(n):
             token = 5 if right else 6
@@ -217,7 +220,7 @@ def test_over_rpc_trees_are_sized_on_curves_that_charge_a_new_size_its_one_off()
 
     def first_verify(look_ahead: bool) -> Calibration:
         cal = Calibration()
-        cal.use_costs(dataclasses.replace(SLOW_LINK, look_ahead=look_ahead))
+        cal.set_costs(dataclasses.replace(SLOW_LINK, look_ahead=look_ahead))
         timings = SimpleNamespace(verify=float(SLOW_LINK.t(3)) + 0.3, draft=0.0, plan=0.0)
         cal.learn_costs(SimpleNamespace(verified_nodes=3, timings=timings), first=True)
         return cal

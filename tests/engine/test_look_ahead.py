@@ -141,10 +141,12 @@ def test_auto_grows_for_free_along_what_the_look_ahead_decoded():
     from edgespec.planner.tree import PlanContext
     from tests.engine.test_fit import SLOW_LINK
     from tests.support.fakes import SyntheticDrafter, sparse
+    from tests.support.profiles import Given
 
     def plan(known_depth: int):
-        planner = AutoPlanner(costs=dataclasses.replace(SLOW_LINK, look_ahead=True))
-        planner.use_fit(DraftFit(np.array([0.8, 0.06, 0.03, 0.02]), ratio=1.0, tokens=64))
+        planner = AutoPlanner()
+        fit = DraftFit(np.array([0.8, 0.06, 0.03, 0.02]), ratio=1.0, tokens=64)
+        planner.prepare(Given(dataclasses.replace(SLOW_LINK, look_ahead=True), fit))
         drafter = SyntheticDrafter(lambda path: sparse([0.8, 0.06, 0.03, 0.02], ids=[5 + len(path), 1, 2, 3]))
         likeliest = (7,) + tuple(5 + depth for depth in range(1, known_depth + 1))  # the draft's top-1 path
         known = {likeliest[:n] for n in range(1, len(likeliest) + 1)} if known_depth else set()
@@ -177,10 +179,12 @@ def test_auto_verifies_what_the_look_ahead_decoded_where_it_would_decode_plainly
     from edgespec.planner.tree import PlanContext
     from tests.engine.test_fit import SLOW_LINK
     from tests.support.fakes import SyntheticDrafter, sparse
+    from tests.support.profiles import Given
 
     def plan(known_depth: int):
-        planner = AutoPlanner(costs=dataclasses.replace(SLOW_LINK, look_ahead=True))
-        planner.use_fit(DraftFit(np.array([0.6, 0.1, 0.05, 0.03]), ratio=0.7, tokens=64))
+        planner = AutoPlanner()
+        fit = DraftFit(np.array([0.6, 0.1, 0.05, 0.03]), ratio=0.7, tokens=64)
+        planner.prepare(Given(dataclasses.replace(SLOW_LINK, look_ahead=True), fit))
         confident = sparse([0.95, 0.02, 0.01, 0.01], ids=[0, 1, 2, 3])
         drafter = SyntheticDrafter(lambda path: sparse(confident.probs, ids=[5 + len(path), 1, 2, 3]))
         likeliest = (7,) + tuple(5 + depth for depth in range(1, known_depth + 1))
@@ -269,11 +273,13 @@ def test_auto_looks_ahead_only_where_a_tree_drafted_for_free_would_pay():
 
     from edgespec.planner.auto import AutoPlanner
     from edgespec.planner.costmodel import CostModel, DraftFit
+    from tests.support.profiles import Given
 
     curve = CostModel.from_functions(lambda n: 0.065 * (1 + 0.6 * (n - 1)), lambda n: 0.01 * n)
     for top1, ratio, looks in ((0.5, 0.6, False), (0.9, 1.0, True)):
-        planner = AutoPlanner(costs=dataclasses.replace(curve, look_ahead=True))
-        planner.use_fit(DraftFit(np.array([top1, 0.1, 0.05, 0.03]), ratio=ratio, tokens=64))
+        planner = AutoPlanner()
+        fit = DraftFit(np.array([top1, 0.1, 0.05, 0.03]), ratio=ratio, tokens=64)
+        planner.prepare(Given(dataclasses.replace(curve, look_ahead=True), fit))
         planner.policy.decide(1, planner.budget)  # step 1 of the policy: could a tree ever pay?
         assert planner.may_draft
         assert planner.may_look_ahead is looks

@@ -51,6 +51,7 @@ from edgespec.planner.costmodel import CostModel
 from edgespec.planner.strategies import STRATEGY_NAMES
 from edgespec.planner.strategies import build as make_planner
 from edgespec.planner.tree import ChildRule, DraftTree, PlanContext, Planner, SparseDist
+from tests.support.profiles import Given
 from tests.support.synthetic_engine import SyntheticEngine
 
 V = 16  # vocabulary
@@ -134,8 +135,7 @@ def make_pair(seed: int = 11) -> SyntheticPair:
 def planner_for(name: str, pair: SyntheticPair):
     strategy, params, costs, _ = VARIANTS.get(name, (name, PARAMS.get(name, {"budget": 10}), COSTS, None))
     planner = make_planner(strategy, params)
-    if planner.wants_costs:
-        planner.use_costs(costs)
+    planner.prepare(Given(costs))  # what the planner asks for (auto, OPT-Tree, n-gram, hybrid: the curves)
     return planner
 
 

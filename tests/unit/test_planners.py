@@ -26,6 +26,7 @@ from edgespec.planner.strategies import (
 from edgespec.planner.tree import ChildRule, DraftTree, PlanContext, TreeBuilder
 from edgespec.planner.tsd import TSDPlanner
 from tests.support.fakes import SyntheticDrafter, sparse
+from tests.support.profiles import Given
 
 # A conversation before the root (7) that 7 occurred in: the copying planners find continuations.
 HISTORY = (3, 7, 11, 13, 5, 7, 11, 17, 2, 9)
@@ -356,14 +357,36 @@ def test_opt_tree_takes_mu_from_the_cost_profile():
     costs = CostModel.from_functions(lambda n: 0.1 * n, lambda n: 0.04 * n)
     planner = OptTreePlanner(budget=24)
     assert planner.threshold(8, 24) == OptTreePlanner.DEFAULT_MU  # no profile yet
-    planner.use_costs(costs)
+    planner.prepare(Given(costs))
     # μ = c_d(level) / c_t(n + 1): a level of 8 nodes against verifying 25 tokens
     assert planner.threshold(8, 24) == pytest.approx(0.04 * 8 / (0.1 * 25))
     assert planner.threshold(1, 24) == pytest.approx(0.04 / (0.1 * 25))
     given = OptTreePlanner(mu=0.3)
-    given.use_costs(costs)
+    given.prepare(Given(costs))
     assert given.threshold(8, 24) == 0.3  # a μ given on the command line wins over the measured one
     assert f"{0.04 * 24 / (0.1 * 25):.3g}" in planner.describe()  # δ of a full level of n
+
+
+def test_planners_ask_the_profile_only_for_what_they_use():
+    """``prepare``: auto asks for the cost curves, then the fit; OPT-Tree, n-gram and hybrid for the
+    curves (OPT-Tree even with μ given: its levels' cost and its tree's size come from them); every other
+    planner for nothing, so nothing is measured for it. Without a draft there are no curves: auto then
+    asks no fit and decodes plainly."""
+    from edgespec.planner.costmodel import CostModel, DraftFit
+
+    costs = CostModel.from_functions(lambda n: 0.1 * n, lambda n: 0.04 * n)
+    fit = DraftFit(np.array([0.8, 0.08, 0.03, 0.02]), ratio=1.0, tokens=64)
+    asks = {"auto": ["costs", "fit"], "opt-tree": ["costs"], "ngram": ["costs"], "hybrid": ["costs"]}
+    for name in STRATEGY_NAMES:
+        given = Given(costs, fit)
+        make_planner(name).prepare(given)
+        assert given.asked == asks.get(name, []), name
+    given = Given(costs)
+    make_planner("opt-tree", {"mu": 0.3}).prepare(given)
+    assert given.asked == ["costs"]
+    no_draft, auto = Given(), make_planner("auto")
+    auto.prepare(no_draft)
+    assert no_draft.asked == ["costs"] and auto.costs is None and "plain decoding" in auto.describe()
 
 
 def test_opt_tree_stops_earlier_where_a_draft_level_costs_its_size():
@@ -378,7 +401,7 @@ def test_opt_tree_stops_earlier_where_a_draft_level_costs_its_size():
         "level": OptTreePlanner(budget=24, layers="all"),  # every layer node: the δ rule alone
     }.items():
         if label == "level":
-            planner.use_costs(per_node)
+            planner.prepare(Given(per_node))
         drafter = SyntheticDrafter.random(vocab=30, top_k=8, seed=9, sharpness=3.0)
         tree = planner.plan(2, drafter, ctx())
         depths[label] = (int(tree.depth.max()), drafter.decodes)
@@ -394,7 +417,7 @@ def test_opt_tree_drafts_only_layer_nodes_that_pay_for_their_level():
 
     def plan(draft_cost, layers, seed):
         planner = OptTreePlanner(budget=16, delta=0.05, layers=layers)
-        planner.use_costs(CostModel.from_functions(lambda n: 1.0 + 0.05 * n, draft_cost))
+        planner.prepare(Given(CostModel.from_functions(lambda n: 1.0 + 0.05 * n, draft_cost)))
         drafter = SyntheticDrafter.random(vocab=40, top_k=8, seed=seed, sharpness=9.0)
         tree = planner.plan(2, drafter, ctx())
         return tree, drafter.decodes, tree.stats.drafted_nodes
@@ -415,7 +438,7 @@ def test_opt_tree_paying_layer_maximises_value_minus_cost():
     from edgespec.planner.costmodel import CostModel
 
     planner = OptTreePlanner(budget=8)
-    planner.use_costs(CostModel.from_functions(lambda n: 2.0, lambda m: 0.1 + 0.2 * m))
+    planner.prepare(Given(CostModel.from_functions(lambda n: 2.0, lambda m: 0.1 + 0.2 * m)))
     tree = TreeBuilder(7)
     for token, q in enumerate([0.5, 0.3, 0.12, 0.05, 0.03]):
         tree.add(0, token, q)
@@ -435,7 +458,7 @@ def test_opt_tree_sizes_the_final_tree_by_the_cost_curves():
 
     def plan(target_cost):
         planner = OptTreePlanner(budget=16, delta=0.0, max_depth=6)
-        planner.use_costs(CostModel.from_functions(target_cost, lambda m: 0.0))
+        planner.prepare(Given(CostModel.from_functions(target_cost, lambda m: 0.0)))
         drafter = SyntheticDrafter.random(vocab=30, top_k=8, seed=9, sharpness=3.0)
         return planner.plan(2, drafter, ctx()), drafter.tree
 

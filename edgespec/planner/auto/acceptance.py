@@ -13,7 +13,7 @@ log-odds,
 (the three prompts: a ≈ 0.8, b ≈ 1.4), fitted by weighted maximum likelihood to **trials**: at each
 node of a verified tree's accepted path whose draft children it held, was the target's next token the
 draft's top-1 child (q its probability)? Older trials fade by ``acceptance_decay`` per step; a Gaussian prior
-(``acceptance_prior_weight``) holds (a, b) near where the pair's fit puts them (``Calibration.use_fit``)
+(``acceptance_prior_weight``) holds (a, b) near where the pair's fit puts them (``Calibration.set_fit``)
 until trials say otherwise. A node's chance is the product of its path's chances, each capped so that
 siblings share at most 1 (``calibrated``): the top m nodes by it still form a subtree.
 """

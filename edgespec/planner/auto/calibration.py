@@ -56,12 +56,13 @@ class Calibration:
     # decayed Σ drafting seconds (measured, profiled); None until a step measured it (the prior rules)
     _drafting: tuple[float, float] | None = None
 
-    def use_costs(self, costs: CostModel) -> None:
+    def set_costs(self, costs: CostModel) -> None:
+        """Start from the pair's measured cost curves (``AutoPlanner.prepare``)."""
         self.costs = costs
         self._apply_factors()
         self._look_ahead_prior()
 
-    def use_fit(self, fit: DraftFit) -> None:
+    def set_fit(self, fit: DraftFit) -> None:
         """Start the acceptance curve and the profile from the pair's measured fit."""
         top1 = float(fit.profile[0])
         self.acceptance = Acceptance.from_rate(top1, fit.ratio * top1)

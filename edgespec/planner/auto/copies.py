@@ -88,7 +88,7 @@ class CopySteps:
         """r_c: accepted ÷ predicted of the copy steps and the unverified copy trees (prior 1)."""
         return min(self.accepted / self.predicted, TUNING.copy_ratio_max)
 
-    def use_costs(self, costs: CostModel, budget: int) -> None:
+    def set_costs(self, costs: CostModel, budget: int) -> None:
         """The curves auto decides with (its learned factors applied); trees of at most ``budget``."""
         self._costs = costs
         # the cheapest verify of 2 … budget + 1 tokens (the curve is not monotone), with overhead

@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import params
-from ..costmodel import CostModel, DraftFit
+from ..costmodel import CostModel
 from ..ngram import Copier
 from ..parallel import ADAPTER_HELP
 from ..params import param
-from ..tree import Drafter, DraftSetup, DraftTree, PlanContext, Planner, TreeBuilder
+from ..tree import Drafter, DraftSetup, DraftTree, PlanContext, Planner, Profile, TreeBuilder
 from .acceptance import Acceptance
 from .calibration import Calibration
 from .copies import CopySteps
@@ -67,11 +67,9 @@ class AutoPlanner(Planner):
         minimum=0,
     )
     adapter: str = param("", ADAPTER_HELP)
-    # the pair's measured curves (``use_costs``); None → plain decoding
+    # the pair's measured curves (``prepare``); None → plain decoding
     costs: CostModel | None = field(default=None, compare=False, repr=False)
     name = "auto"
-    wants_costs = True
-    wants_fit = True
     calibration: Calibration = field(default_factory=Calibration, repr=False)
     copies: CopySteps = field(default_factory=CopySteps, repr=False)  # the copies' r_c, when alone pays
     guards: Guards = field(default_factory=Guards, repr=False)
@@ -90,15 +88,19 @@ class AutoPlanner(Planner):
             self.probe_budget,
         )  # fmt: skip
         if self.costs is not None:
-            self.use_costs(self.costs)
+            self.calibration.set_costs(self.costs)
 
-    def use_costs(self, costs: CostModel) -> None:
+    def prepare(self, profile: Profile) -> None:
+        """The pair's measured curves (none: no draft, plain decoding) and then its fit: where the
+        acceptance curve and the draft's profile start (none: a typical draft's prior)."""
+        costs = profile.costs()
+        if costs is None:
+            return
         self.costs = costs
-        self.calibration.use_costs(costs)
-
-    def use_fit(self, fit: DraftFit) -> None:
-        """The pair's measured fit: where the acceptance curve and the draft's profile start."""
-        self.calibration.use_fit(fit)
+        self.calibration.set_costs(costs)
+        fit = profile.fit()
+        if fit is not None:
+            self.calibration.set_fit(fit)
 
     @property
     def acceptance(self) -> Acceptance:

@@ -161,7 +161,7 @@ class Policy:
         costs = self.calibration.effective
         if costs is not self._curves:
             self._curves, self._ceiling = costs, Ceiling.UNKNOWN
-            self.copies.use_costs(costs, self.budget)
+            self.copies.set_costs(costs, self.budget)
         if self._ceiling is Ceiling.UNKNOWN:  # on the profile: what this machine allows, not a factor's
             # estimate of the moment (a "never" on learnt factors was final: nothing drafted to unlearn it)
             profiled = self.calibration.costs
