@@ -37,9 +37,11 @@ from contextlib import ExitStack
 from pathlib import Path
 from statistics import median
 
-from edgespec.measure.netdelay import DelayProxy
 from edgespec.measure.prompts import load_prompts
 from edgespec.models.pairs import resolve_pair
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+from netdelay import DelayProxy  # noqa: E402  (scripts/netdelay.py: a dev tool, not in the package)
 
 SERVER_PORTS = (50152, 50153)
 NEVER_MATCHES = ("--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "1024")

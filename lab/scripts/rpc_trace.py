@@ -24,12 +24,15 @@ import subprocess
 import sys
 import time
 from contextlib import ExitStack
+from pathlib import Path
 
 from edgespec import cli
 from edgespec.measure import runner
-from edgespec.measure.netdelay import DelayProxy
 from edgespec.planner.auto import AutoPlanner
 from edgespec.planner.auto.trees import AutoGrowth
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+from netdelay import DelayProxy  # noqa: E402  (scripts/netdelay.py: a dev tool, not in the package)
 
 SERVERS = (50162, 50163)
 PROXIES = (50172, 50173)  # + 2 × the delay in ms: a profile per delay (it is keyed by the addresses)

@@ -1,6 +1,6 @@
 """The target across machines, without models: the RPC handshake check against fake servers, the
 device split and fit checks, the flags, models.toml keys and cost-profile key, `edgespec rpc-server`
-starting and stopping on Ctrl-C, and the latency-injecting proxy (edgespec/measure/netdelay.py).
+starting and stopping on Ctrl-C, and the latency-injecting proxy (scripts/netdelay.py).
 The real split over two servers is tests/test_rpc_real.py."""
 
 from __future__ import annotations
@@ -21,10 +21,12 @@ import pytest
 
 from edgespec import options
 from edgespec.errors import EdgespecError, EngineError, RegistryError
-from edgespec.measure.netdelay import DelayProxy
 from edgespec.models.registry import load_registry
 from edgespec.profile import costs
 from edgespec.profile.store import profile_path
+from tests.support.scripts import load
+
+DelayProxy = load("netdelay").DelayProxy  # scripts/netdelay.py: a dev tool, not in the package
 
 rpc = pytest.importorskip("edgespec.engine.rpc", reason="llama-cpp-python is not installed")
 EngineSettings = pytest.importorskip("edgespec.engine.pair").EngineSettings

@@ -11,12 +11,12 @@ import pytest
 
 from edgespec.errors import EdgespecError
 from edgespec.measure.document import SCHEMA
-from edgespec.measure.page import instruction_sets, load_list, render, shown_command
 from tests.support.scripts import load
 
-page_script = load("benchmarks_page")
+page_script = load("benchmarks_page")  # scripts/benchmarks_page.py: a dev tool, not in the package
 COMMAND, LIST, PAGE, ROOT = page_script.COMMAND, page_script.LIST, page_script.PAGE, page_script.ROOT
-build = page_script.build
+build, instruction_sets, load_list = page_script.build, page_script.instruction_sets, page_script.load_list
+render, shown_command = page_script.render, page_script.shown_command
 
 USER_DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 

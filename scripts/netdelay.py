@@ -5,11 +5,11 @@ Every chunk read from one side is written to the other ``delay`` seconds after i
 while reading goes on: the link gains latency, not a bandwidth limit. ``TCP_NODELAY`` is set on both
 sockets, as llama.cpp's RPC client and server set it on theirs.
 
-    python -m edgespec.measure.netdelay --listen 127.0.0.1:60052 --to 127.0.0.1:50052 --delay-ms 5
+    python scripts/netdelay.py --listen 127.0.0.1:60052 --to 127.0.0.1:50052 --delay-ms 5
     edgespec generate "…" --rpc 127.0.0.1:60052          # the server, 5 ms further away each way
 
 In a program (a benchmark, a test): ``with DelayProxy(("127.0.0.1", 50052), 0.005) as proxy:`` and
-connect to ``proxy.port``.
+connect to ``proxy.port``. A development tool (the standard library only): not part of the package.
 """
 
 from __future__ import annotations
@@ -141,9 +141,7 @@ def _address(text: str) -> tuple[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m edgespec.measure.netdelay", description=__doc__.split("\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="python scripts/netdelay.py", description=__doc__.split("\n")[0])
     parser.add_argument("--listen", type=_address, required=True, help="HOST:PORT to accept connections on")
     parser.add_argument("--to", type=_address, required=True, help="HOST:PORT to relay them to")
     parser.add_argument("--delay-ms", type=float, required=True, help="added delay per direction")
