@@ -1,19 +1,23 @@
 """ParallelSpec on the bundled pair, greedy: MAL, verified tokens and draft passes per step, and how
 often each depth (the root's row, then each [MASK]) was accepted — untrained masks, or with an adapter.
 
-    python scripts/parallel_positions.py                              # untrained masks, quick prompts
-    python scripts/parallel_positions.py --adapter parallel.gguf --also chain:4,dyspec:16
+    python lab/scripts/parallel_positions.py                              # untrained masks, quick prompts
+    python lab/scripts/parallel_positions.py --adapter parallel.gguf --also chain:4,dyspec:16
 """
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
 from edgespec.engine import EngineSettings
-from edgespec.measure.depths import measure, report
 from edgespec.measure.prompts import prompt_set
 from edgespec.models.pairs import open_pair, resolve_pair
 from edgespec.profile.attach import attach
 from edgespec.strategy import StrategyChoice, make_planner
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+from depths import measure, report  # noqa: E402  (scripts/depths.py: a dev tool, not in the package)
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 parser.add_argument(

@@ -201,7 +201,9 @@ def test_the_draft_without_masks_says_so():
 
 def test_depth_acceptance_counts_how_deep_accepted_paths_go():
     from edgespec.decoding.events import StepEvent, StepTimings
-    from edgespec.measure.depths import DepthAcceptance
+    from tests.support.scripts import load
+
+    DepthAcceptance = load("depths").DepthAcceptance  # scripts/depths.py: a dev tool, not in the package
 
     chain = TreeBuilder(1)
     chain.add(chain.add(chain.add(0, 2, 0.5), 3, 0.5), 4, 0.5)

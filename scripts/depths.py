@@ -3,6 +3,8 @@
 For ParallelSpec, depth 1 comes from the root's own row and depth k + 1 from [MASK]_k's, so the rate
 at depth k + 1 over the rate at depth k is how well mask k predicts given the earlier ones held —
 the figure training the masks should raise. MAL = 1 + Σ_d P(reached depth d) (the bonus token).
+
+A development tool (lab/scripts/parallel_positions.py measures with it), not part of the package.
 """
 
 from __future__ import annotations
@@ -10,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..decoding.chat import ChatSettings, Message, prompt_tokens
-from ..decoding.decoder import Request, generate
-from ..decoding.events import GenerationStats, StepEvent
-from .prompts import PromptCase
+from edgespec.decoding.chat import ChatSettings, Message, prompt_tokens
+from edgespec.decoding.decoder import Request, generate
+from edgespec.decoding.events import GenerationStats, StepEvent
+from edgespec.measure.prompts import PromptCase
 
 
 @dataclass
