@@ -79,7 +79,7 @@ class NGramPlanner(Planner):
         size = "sized by cost" if self.costs is not None else f"p̂≥{self.min_accept:g}"
         return f"n≤{self.ngram_max} matches={self.matches} budget={self.budget} {size}"
 
-    def plan(self, root_token: int, drafter: Drafter | None, ctx: PlanContext) -> DraftTree:
+    def plan(self, root_token: int, drafter: Drafter, ctx: PlanContext) -> DraftTree:
         trie = self.copier.propose(root_token, ctx)
         cap = min(self.budget, ctx.max_nodes - 1)
         if self.costs is None:
@@ -165,9 +165,9 @@ class _HybridGrowth:
 
     def seed(self, growth: Growth, trie: CopyTrie) -> None:
         """The copies, before any drafting: free candidates."""
-        at = [0] * trie.size  # trie node → work node
+        at, trie_q = [0] * trie.size, trie.q  # trie node → work node; the copies' q
         for node in range(1, trie.size):  # parents first
-            q = float(trie.q[node])
+            q = float(trie_q[node])
             at[node] = growth.add(at[trie.parents[node]], trie.tokens[node], q, copied=True)
             self.q_copy[at[node]], self.trie_node[at[node]] = q, node
 

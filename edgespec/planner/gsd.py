@@ -260,21 +260,22 @@ class GSDPlanner(Planner):
                 gram = grams.ending_with(parent, cand.token)
                 # 3. τ-merge (§5.2–5.3): a τ-redundant child merges into f when f's replicas fit.
                 f = tau_merge_target(graph, grams, parent, gram)
-                merge = False
+                into = None  # f, when the merge is made
                 if f is not None:
                     cost = budget.merge_cost(parent, f)
-                    merge = budget.fits(cost)  # otherwise: a plain (redundant) leaf
+                    if budget.fits(cost):  # otherwise: a plain (redundant) leaf
+                        into = f
                 # 4. Count the budget: an unmerged child costs one token per copy of its parent.
-                if not merge:
+                if into is None:
                     cost = budget.node_cost(parent)
                     if not budget.fits(cost):
                         continue  # a cheaper candidate (a parent with fewer copies) may still fit
                 child = graph.add(parent, cand.token, cand.q)
                 tree.set_children_rule(parent, ChildRule.TOP)  # deterministic top-k: one-hot rule
-                budget.charge(parent, cost, merged=merge)
+                budget.charge(parent, cost, merged=into is not None)
                 grams.add(child, gram, ordinary=f is None)  # new, or only repeated on its own path
-                if merge:
-                    graph.alias[child] = f  # the merge edge; the child is a leaf that is never drafted
+                if into is not None:
+                    graph.alias[child] = into  # the merge edge; the child is a leaf that is never drafted
                 elif f is None and cand.grows:
                     grown.append(child)
                 # else: redundant, but its merge did not fit the budget — a plain leaf

@@ -10,7 +10,7 @@ distribution has fewer than k_i candidates.
 
 **Target-initialised (``mcsd-target-init``, the paper's (w, k_1, k_2, …)); LOSSY.** The target
 decodes the root alone first (the paper's "one more target forward pass"; the decoder does this for a
-planner that ``needs_target_root`` and passes the row as ``plan(..., root_dist=...)``); its w most
+planner that ``needs_target_root`` and passes its candidates as ``PlanContext.root_dist``); its w most
 likely tokens (greedy), or w tokens sampled from its distribution, become the root's children, and
 the draft grows the k-configuration below each. The verifier checks every branch below its target
 token with the usual rules and keeps the branch accepted longest (``ChildRule.LONGEST``). Which first
@@ -158,12 +158,19 @@ class MCSDPlanner(Planner):
             level = nxt
         return decodes, evaluated
 
+    @property
+    def _decision_model(self) -> DecisionModel:
+        """``model``, which ``__post_init__`` loads for ``early_stop="model"``."""
+        if self.model is None:
+            raise RuntimeError("mcsd: early_stop='model' without a decision model (set after construction?)")
+        return self.model
+
     def predicted_acceptance(self, tree: TreeBuilder, nodes: Sequence[int]) -> np.ndarray:
         """(len(nodes),) each branch's predicted acceptance, as the early-stop mode defines it."""
         if self.early_stop == "model":
             drawn_from = [tree.dists[tree.parents[u]] for u in nodes]  # the distribution each node came from
             x = feature_matrix(drawn_from, [tree.draft_prob[u] for u in nodes])
-            return self.model.predict_proba(x)
+            return self._decision_model.predict_proba(x)
         return np.asarray([tree.draft_prob[u] for u in nodes])  # "threshold": the node's draft probability
 
     def _stop_early(self, tree: TreeBuilder, level: Sequence[int]) -> bool:
@@ -188,7 +195,7 @@ class MCSDTargetInitPlanner(MCSDPlanner):
     w: int = param(2, "w: candidates the target's own distribution supplies at the root", minimum=1)
     name = "mcsd-target-init"
     lossy = True
-    needs_target_root = True  # tells the decoder to decode the root first and pass root_dist
+    needs_target_root = True  # tells the decoder to decode the root first and pass ctx.root_dist
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -199,13 +206,12 @@ class MCSDTargetInitPlanner(MCSDPlanner):
     def full_config(self) -> tuple[int, ...]:
         return (self.w, *self.k_config)
 
-    def plan(
-        self, root_token: int, drafter: Drafter, ctx: PlanContext, root_dist: SparseDist | None = None
-    ) -> DraftTree:
+    def plan(self, root_token: int, drafter: Drafter, ctx: PlanContext) -> DraftTree:
+        root_dist = ctx.root_dist
         if root_dist is None:
             raise EdgespecError(
                 "mcsd-target-init needs the target's distribution after the root token "
-                "(plan(..., root_dist=...)); this decoder does not provide it — use --strategy mcsd instead."
+                "(PlanContext.root_dist); this decoder does not provide it — use --strategy mcsd instead."
             )
         tree = TreeBuilder(root_token)
         drafter.expand(tree, [0])  # the draft must still decode the root; its own q is not used here

@@ -142,13 +142,32 @@ class CopyTrie:
     kids_weight: list[float] = field(default_factory=lambda: [0.0])  # Σ weight of its children
     agree: list[int] = field(default_factory=lambda: [0])  # the longest context agreement through it
     kids: list[dict[int, int]] = field(default_factory=lambda: [{}])  # token → child
-    q: np.ndarray | None = None  # (n,) estimated acceptance given the parent (set by ``estimate``)
-    share: np.ndarray | None = None  # (n,) the node's weight among its siblings'
-    phat: np.ndarray | None = None  # (n,) p̂: product of q along the path; 1 at the root
+    # set by ``estimate``, read through ``q``, ``share`` and ``phat``
+    _estimates: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(default=None, init=False, repr=False)
 
     @property
     def size(self) -> int:
         return len(self.tokens)
+
+    @property
+    def q(self) -> np.ndarray:
+        """(n,) estimated acceptance given the parent."""
+        return self._estimated()[0]
+
+    @property
+    def share(self) -> np.ndarray:
+        """(n,) the node's weight among its siblings'."""
+        return self._estimated()[1]
+
+    @property
+    def phat(self) -> np.ndarray:
+        """(n,) p̂: product of q along the path; 1 at the root."""
+        return self._estimated()[2]
+
+    def _estimated(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self._estimates is None:
+            raise RuntimeError("CopyTrie read before its estimate (call estimate first; planner bug)")
+        return self._estimates
 
     def add_chain(self, chain: Sequence[int], match_len: int) -> None:
         node, w = 0, WEIGHT_BASE**match_len
@@ -182,7 +201,7 @@ class CopyTrie:
             share.append(s)
             q.append(q_node)
             phat.append(phat[parent] * q_node)
-        self.share, self.q, self.phat = np.array(share), np.array(q), np.array(phat)
+        self._estimates = np.array(q), np.array(share), np.array(phat)
 
     def best(self, limit: int, min_phat: float = 0.0) -> np.ndarray:
         """The ≤ ``limit`` non-root nodes of largest p̂ (≥ ``min_phat``), a subtree, in index order.
@@ -252,13 +271,14 @@ class Copier:
         nodes (the root: {0: 0}) and is extended. A node already there (equal token under the same
         parent) is reused: one node, reached both ways."""
         existing = {(tree.parents[i], tree.tokens[i]): i for i in range(1, tree.size)}
+        q = trie.q
         for node in keep:
             node = int(node)
             parent = at[trie.parents[node]]
             token = trie.tokens[node]
             same = existing.get((parent, token))
             if same is None:
-                same = tree.add(parent, token, float(trie.q[node]), copied=True)
+                same = tree.add(parent, token, float(q[node]), copied=True)
                 tree.set_children_rule(parent, ChildRule.TOP)  # deterministic candidates: one-hot rule
             at[node] = same
             self.note(same, trie, node)

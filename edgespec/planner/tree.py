@@ -10,10 +10,10 @@ verification of several branches: the verifier tries them one after the other.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, overload
 
 import numpy as np
 
@@ -75,8 +75,12 @@ class _Column:
     def __set_name__(self, owner, name: str) -> None:
         self.name = name
 
-    def __get__(self, tree, owner=None) -> np.ndarray:
-        if tree is None:
+    @overload
+    def __get__(self, tree: None, owner: type | None = None) -> _Column: ...
+    @overload
+    def __get__(self, tree: DraftTree, owner: type | None = None) -> np.ndarray: ...
+    def __get__(self, tree: DraftTree | None, owner: type | None = None) -> _Column | np.ndarray:
+        if tree is None:  # read on the class: the descriptor itself
             return self
         array = np.asarray(getattr(tree, self.source), dtype=self.dtype)
         tree.__dict__[self.name] = array  # past the frozen dataclass's __setattr__: a cache, not a field
@@ -223,17 +227,27 @@ class StepOutcome(Protocol):
     """What ``Planner.observe`` sees of a finished step: the decoder's ``StepEvent``, as far as planners
     read it (declared here: the planners sit below the loop that makes the events)."""
 
-    drafted: int  # draft tokens proposed (tree size minus the root)
-    accepted: int  # draft tokens accepted
-    timings: Any  # the step's seconds: ``.total``, ``.draft``, ``.verify``, …
-    tree: DraftTree | None  # the verified tree (None for plain decoding)
-    accepted_path: tuple[int, ...]  # tree node indices of the accepted path, root first
-    verified_nodes: int  # tokens in the target's batch
-    draft_decodes: int
-    expected_accept: float  # the planner's E[A]
-    depth: int  # the verified tree's height
-    guess: SparseDist | None  # over RPC, a step that drafted nothing: the draft's guess of its token
-
+    @property
+    def drafted(self) -> int: ...  # draft tokens proposed (tree size minus the root)
+    @property
+    def accepted(self) -> int: ...  # draft tokens accepted
+    @property
+    def timings(self) -> Any: ...  # the step's seconds: ``.total``, ``.draft``, ``.verify``, …
+    @property
+    def tree(self) -> DraftTree | None: ...  # the verified tree (None for plain decoding)
+    @property
+    def accepted_path(self) -> tuple[int, ...]: ...  # tree node indices of the accepted path, root first
+    @property
+    def verified_nodes(self) -> int: ...  # tokens in the target's batch
+    @property
+    def draft_decodes(self) -> int: ...
+    @property
+    def expected_accept(self) -> float: ...  # the planner's E[A]
+    @property
+    def depth(self) -> int: ...  # the verified tree's height
+    @property
+    def guess(self) -> SparseDist | None: ...  # a step that drafted nothing: the draft's guess of its token
+    @property
     def token_ids(self) -> list[int]: ...
 
 
@@ -246,19 +260,47 @@ class Drafter(Protocol):
     distributions are also stored in ``tree.dists``.
     """
 
-    pending: Sequence[int]  # committed tokens the draft has yet to decode (cost of its next first level)
+    @property
+    def pending(self) -> Sequence[int]: ...  # committed tokens the draft has yet to decode (its root's cost)
 
     def expand(self, tree: TreeBuilder, nodes: Sequence[int]) -> list[SparseDist]: ...
-
-    def known(self, path: Sequence[int]) -> bool:
-        """The draft holds the distribution after this token path (root first) already — it decoded it
-        while the target verified the last step: expanding that node alone costs no decode."""
-        ...
 
     def parallel_dists(self, tree: TreeBuilder, k: int) -> list[SparseDist]:
         """ParallelSpec: one draft decode of the root and k [MASK] tokens after it; the k + 1
         distributions of depths 1 … k + 1 (the root's row, then [MASK]_1 … [MASK]_k's). Called on a
         tree holding only the root, instead of ``expand``; nothing is stored in ``tree.dists``."""
+        ...
+
+
+def _nothing_drafted(path: Sequence[int]) -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class Prepaid:
+    """Work done before this step that makes parts of it cheaper than the cost curves say: what a
+    planner that prices its tree (auto) takes off the price. Where the target runs on RPC servers the
+    draft decodes while the target verifies (its look-ahead), and the first decode of a batch size pays
+    one-off round trips (ggml's RPC client asks each server what every new matrix product needs)."""
+
+    # the draft's distribution after this token path (root first) is at hand: expanding it costs no decode
+    drafted: Callable[[Sequence[int]], bool] = _nothing_drafted
+    sizes: Collection[int] = frozenset()  # batch sizes the target has decoded before (read-only)
+
+
+class Profile(Protocol):
+    """The pair's run-time profile on this machine, as ``Planner.prepare`` may ask for it (declared
+    here: the planners sit below what measures it; ``edgespec.profile.attach.PairProfile`` is the one
+    over a loaded pair). Each part is measured on first ask (then cached per pair and machine), so a
+    planner that asks for nothing costs nothing."""
+
+    def costs(self) -> CostModel | None:
+        """The pair's measured cost curves c_t(n), c_d(n), c_k(n) (None: no draft to measure them with)."""
+        ...
+
+    def fit(self) -> DraftFit | None:
+        """How well the draft predicts the target, measured once per pair (None: nothing to measure it
+        on, or no draft)."""
         ...
 
 
@@ -278,25 +320,10 @@ class PlanContext:
     # End-of-turn and chat-template tokens: a copy never runs past one (what follows it in the history
     # is the next turn, not what this answer will say).
     turn_tokens: frozenset[int] = frozenset()
-    # Batch sizes the target has decoded before (read-only). Over RPC the first decode of a size pays
-    # one-off round trips: ggml's RPC client asks each server what every new matrix product needs.
-    warm: Collection[int] = frozenset()
-
-
-class Profile(Protocol):
-    """The pair's run-time profile on this machine, as ``Planner.prepare`` may ask for it (declared
-    here: the planners sit below what measures it; ``edgespec.profile.attach.PairProfile`` is the one
-    over a loaded pair). Each part is measured on first ask (then cached per pair and machine), so a
-    planner that asks for nothing costs nothing."""
-
-    def costs(self) -> CostModel | None:
-        """The pair's measured cost curves c_t(n), c_d(n), c_k(n) (None: no draft to measure them with)."""
-        ...
-
-    def fit(self) -> DraftFit | None:
-        """How well the draft predicts the target, measured once per pair (None: nothing to measure it
-        on, or no draft)."""
-        ...
+    prepaid: Prepaid = Prepaid()  # over RPC: what the draft decoded meanwhile, the sizes paid for
+    # mcsd-target-init (``Planner.needs_target_root``): the target decoded the root alone first; its
+    # candidates after the root, which the root's children are taken from
+    root_dist: SparseDist | None = None
 
 
 @dataclass(frozen=True)
@@ -330,7 +357,7 @@ class Planner:
     needs_draft: ClassVar[bool] = True
     needs_target_root: ClassVar[bool] = False
 
-    def plan(self, root_token: int, drafter: Drafter | None, ctx: PlanContext) -> DraftTree:
+    def plan(self, root_token: int, drafter: Drafter, ctx: PlanContext) -> DraftTree:
         raise NotImplementedError
 
     @property

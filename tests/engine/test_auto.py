@@ -14,7 +14,7 @@ from edgespec.planner.auto.guard import Guard
 from edgespec.planner.costmodel import CostModel, best_size, ceiling, simulate
 from edgespec.planner.strategies import PARAM_NAMES
 from edgespec.planner.strategies import build as make_planner
-from edgespec.planner.tree import ChildRule, DraftTree, PlanContext
+from edgespec.planner.tree import ChildRule, DraftTree, PlanContext, Prepaid
 from tests.support.fake_llama import FakePair
 from tests.support.fakes import SyntheticDrafter, sparse
 
@@ -54,7 +54,11 @@ def ctx(sampling: bool = False, max_nodes: int = 65, fresh: bool = True, warm=fr
     """``fresh``: each step is a new answer's first (False: the steps of one long answer); ``warm``:
     the batch sizes the target has decoded before."""
     return PlanContext(
-        sampling=sampling, rng=np.random.default_rng(0), max_nodes=max_nodes, fresh=fresh, warm=warm
+        sampling=sampling,
+        rng=np.random.default_rng(0),
+        max_nodes=max_nodes,
+        fresh=fresh,
+        prepaid=Prepaid(sizes=warm),
     )
 
 

@@ -130,7 +130,7 @@ def test_a_next_request_starts_clean_after_a_look_ahead():
 
 def test_auto_grows_for_free_along_what_the_look_ahead_decoded():
     """A target behind a slow link (``look_ahead``): when the draft decoded the likeliest path during
-    the last verify (``Drafter.known``), auto expands those nodes without paying a level for them — no
+    the last verify (``Prepaid.drafted``), auto expands those nodes without paying a level for them — no
     drafting predicted — and so drafts deeper than it would pay to draft anew."""
     import dataclasses
 
@@ -138,7 +138,7 @@ def test_auto_grows_for_free_along_what_the_look_ahead_decoded():
 
     from edgespec.planner.auto import SPECULATE, AutoPlanner
     from edgespec.planner.costmodel import DraftFit
-    from edgespec.planner.tree import PlanContext
+    from edgespec.planner.tree import PlanContext, Prepaid
     from tests.engine.test_fit import SLOW_LINK
     from tests.support.fakes import SyntheticDrafter, sparse
     from tests.support.profiles import Given
@@ -150,8 +150,9 @@ def test_auto_grows_for_free_along_what_the_look_ahead_decoded():
         drafter = SyntheticDrafter(lambda path: sparse([0.8, 0.06, 0.03, 0.02], ids=[5 + len(path), 1, 2, 3]))
         likeliest = (7,) + tuple(5 + depth for depth in range(1, known_depth + 1))  # the draft's top-1 path
         known = {likeliest[:n] for n in range(1, len(likeliest) + 1)} if known_depth else set()
-        drafter.known = lambda path: tuple(path) in known
-        ctx = PlanContext(sampling=False, rng=np.random.default_rng(0), max_nodes=65, fresh=True)
+        prepaid = Prepaid(drafted=lambda path: tuple(path) in known)
+        rng = np.random.default_rng(0)
+        ctx = PlanContext(sampling=False, rng=rng, max_nodes=65, fresh=True, prepaid=prepaid)
         tree = planner.plan(7, drafter, ctx)
         assert planner.mode == SPECULATE
         return tree, planner.calibration.draft_predicted
@@ -176,7 +177,7 @@ def test_auto_verifies_what_the_look_ahead_decoded_where_it_would_decode_plainly
 
     from edgespec.planner.auto import PLAIN, SPECULATE, AutoPlanner
     from edgespec.planner.costmodel import DraftFit
-    from edgespec.planner.tree import PlanContext
+    from edgespec.planner.tree import PlanContext, Prepaid
     from tests.engine.test_fit import SLOW_LINK
     from tests.support.fakes import SyntheticDrafter, sparse
     from tests.support.profiles import Given
@@ -189,8 +190,9 @@ def test_auto_verifies_what_the_look_ahead_decoded_where_it_would_decode_plainly
         drafter = SyntheticDrafter(lambda path: sparse(confident.probs, ids=[5 + len(path), 1, 2, 3]))
         likeliest = (7,) + tuple(5 + depth for depth in range(1, known_depth + 1))
         known = {likeliest[:n] for n in range(1, known_depth + 2)} if known_depth else set()
-        drafter.known = lambda path: tuple(path) in known
-        ctx = PlanContext(sampling=False, rng=np.random.default_rng(0), max_nodes=65, fresh=True)
+        prepaid = Prepaid(drafted=lambda path: tuple(path) in known)
+        rng = np.random.default_rng(0)
+        ctx = PlanContext(sampling=False, rng=rng, max_nodes=65, fresh=True, prepaid=prepaid)
         tree = planner.plan(7, drafter, ctx)
         return planner.mode, tree
 

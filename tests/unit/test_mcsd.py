@@ -3,6 +3,8 @@ early stopping and the target-initialised variant — on synthetic distributions
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -161,14 +163,14 @@ def test_target_init_children_come_from_the_target():
     target = sparse([0.5, 0.3, 0.2], ids=[31, 32, 33])
     planner = MCSDTargetInitPlanner(w=2, k_config=(3, 1))
     assert planner.lossy and planner.needs_target_root and planner.name == "mcsd-target-init"
-    tree = planner.plan(1, drafter, ctx(), root_dist=target)
+    tree = planner.plan(1, drafter, replace(ctx(), root_dist=target))
     assert [int(tree.tokens[c]) for c in tree.children(0)] == [31, 32]  # the target's top w (greedy)
     assert tree.dists[0] is target and tree.child_rule[0] == ChildRule.LONGEST  # the lossy choice
     assert {int(r) for r in tree.child_rule[1:3]} == {int(ChildRule.TOP)}  # the draft's rules below
     assert level_sizes(tree) == [1, 2, 6, 6]
     assert drafter.calls[0] == [0] and drafter.calls[1] == [1, 2]  # the draft still decodes the root first
     sampled = MCSDTargetInitPlanner(w=2, k_config=(3, 1)).plan(
-        1, SyntheticDrafter(drafter.dist_fn), ctx(True), root_dist=target
+        1, SyntheticDrafter(drafter.dist_fn), replace(ctx(True), root_dist=target)
     )
     assert sampled.child_rule[0] == ChildRule.LONGEST and sampled.dists[0] is target
     assert {int(sampled.tokens[c]) for c in sampled.children(0)} <= {31, 32, 33}
@@ -181,7 +183,8 @@ def test_target_init_keeps_the_branch_accepted_longest(sampling):
     — under greedy that emits a token that is not the target's argmax (why it is lossy)."""
     target = sparse([0.6, 0.4], ids=[31, 32])
     drafter = SyntheticDrafter(lambda path: sparse([0.9], ids=[5]))  # every node proposes 5 (q = 1)
-    tree = MCSDTargetInitPlanner(w=2, k_config=(1, 1)).plan(1, drafter, ctx(sampling), root_dist=target)
+    planner = MCSDTargetInitPlanner(w=2, k_config=(1, 1))
+    tree = planner.plan(1, drafter, replace(ctx(sampling), root_dist=target))
     assert sorted(int(tree.tokens[c]) for c in tree.children(0)) == [31, 32]  # sampled: in either order
 
     # The target: 5 after 32 and after 32 5, something no branch drafted everywhere else.

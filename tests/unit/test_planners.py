@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import heapq
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -40,7 +41,7 @@ def ctx(sampling: bool = False, seed: int = 0, max_nodes: int = 256) -> PlanCont
 
 def run(planner, drafter: SyntheticDrafter, context: PlanContext, root: int = 7) -> DraftTree:
     if planner.needs_target_root:
-        return planner.plan(root, drafter, context, root_dist=drafter.dist_for((root, 999)))
+        return planner.plan(root, drafter, replace(context, root_dist=drafter.dist_for((root, 999))))
     return planner.plan(root, drafter, context)
 
 

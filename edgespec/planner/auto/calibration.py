@@ -37,7 +37,7 @@ from .tuning import PROFILE_LEN, TUNING
 @dataclass
 class Calibration:
     costs: CostModel | None = None  # the pair's profile (None: not measured yet → plain decoding)
-    effective: CostModel | None = None  # the profile with the learned factors applied
+    _effective: CostModel | None = field(default=None, repr=False)  # ``effective``'s (set with ``costs``)
     acceptance: Acceptance = field(default_factory=Acceptance)  # the chance a guess is right, by its q
     profile: np.ndarray = field(default_factory=lambda: TUNING.prior_profile.copy())
     batch_factor: float = 1.0  # measured ÷ profiled verify of n ≥ 2 tokens, over plain decoding's
@@ -55,6 +55,20 @@ class Calibration:
     _sizing: tuple[tuple, CostModel] | None = None  # (key, curves) of the last ``sizing``
     # decayed Σ drafting seconds (measured, profiled); None until a step measured it (the prior rules)
     _drafting: tuple[float, float] | None = None
+
+    @property
+    def profiled(self) -> CostModel:
+        """``costs``, where the caller knows they are set (what reads the curves runs only then)."""
+        if self.costs is None:
+            raise RuntimeError("auto's calibration read before its cost profile was set (planner bug)")
+        return self.costs
+
+    @property
+    def effective(self) -> CostModel:
+        """The profile with the learned factors applied (set whenever ``costs`` is)."""
+        if self._effective is None:
+            raise RuntimeError("auto's calibration read before its cost profile was set (planner bug)")
+        return self._effective
 
     def set_costs(self, costs: CostModel) -> None:
         """Start from the pair's measured cost curves (``AutoPlanner.prepare``)."""
@@ -108,7 +122,7 @@ class Calibration:
     @property
     def plain_decode(self) -> float:
         """c_t(1) as profiled: one plain decode."""
-        return float(self.costs.target[0])
+        return float(self.profiled.target[0])
 
     @property
     def chances(self) -> np.ndarray:
@@ -121,11 +135,11 @@ class Calibration:
 
     def _apply_factors(self) -> None:
         """The curves decisions use: the profile, batches and drafting scaled by the learned factors."""
-        c = self.costs
+        c = self.profiled
         target = c.target.copy()
         target[1:] *= self.batch_factor
         draft, catchup = c.draft * self.draft_factor, c.catchup * self.draft_factor
-        self.effective = CostModel(target, draft, catchup, c.overhead, c.look_ahead)
+        self._effective = CostModel(target, draft, catchup, c.overhead, c.look_ahead)
         self._factors_used = (self.batch_factor, self.draft_factor)
         self.epoch += 1
 
@@ -138,13 +152,14 @@ class Calibration:
         the curves are rescaled when a factor moved by more than a tenth. ``first``: the target had not
         decoded a batch of this size before — one-off work, no evidence of what batches cost (over RPC
         it is large, and learnt as ``one_off``)."""
+        costs = self.profiled
         plain = (self.plain_verify / self.plain_decode) if self.plain_verify else 1.0
         size, verify = event.verified_nodes, event.timings.verify
         if size >= 2 and verify > 0 and not first:
-            measured = verify / float(self.costs.t(size)) / plain
+            measured = verify / float(costs.t(size)) / plain
             self.batch_factor = float(np.clip(_ema(self.batch_factor, measured, 0.3), *TUNING.factor_range))
-        elif size >= 2 and verify > 0 and self.costs.look_ahead:
-            expected = float(self.costs.t(size)) * self.batch_factor * plain
+        elif size >= 2 and verify > 0 and costs.look_ahead:
+            expected = float(costs.t(size)) * self.batch_factor * plain
             self.one_off = _ema(self.one_off or None, max(verify - expected, 0.0), 0.5)
         drafting = event.timings.draft + event.timings.plan
         if self.draft_predicted > 0 and drafting > 0:

@@ -48,13 +48,14 @@ class Unverified:
         kids: dict[int, dict[int, int]] = {}
         depth = {0: 0}
         depth_phat: list[float] = []
+        phat = trie.phat
         for node in keep.tolist():
             parent = trie.parents[node]
             kids.setdefault(parent, {})[trie.tokens[node]] = node
             depth[node] = depth[parent] + 1
             if depth[node] > len(depth_phat):
                 depth_phat.append(0.0)
-            depth_phat[depth[node] - 1] += float(trie.phat[node])
+            depth_phat[depth[node] - 1] += float(phat[node])
         return cls(kids, depth_phat)
 
     def follow(self, written: Sequence[int]) -> tuple[int, float, bool]:

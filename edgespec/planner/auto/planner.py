@@ -152,7 +152,7 @@ class AutoPlanner(Planner):
             self.policy.restart()
         trie = self.copier.propose(root_token, ctx)  # free candidates, whatever is decided
         self.mode, copies = self.policy.choose(trie, pending, cap)
-        known = self.costs is not None and drafter.known((root_token,))
+        known = self.costs is not None and ctx.prepaid.drafted((root_token,))
         if self.mode == Mode.PLAIN and not self.policy.why and known:
             # the look-ahead decoded this root during the last decode: a tree on what it decoded needs
             # no drafting, and the growth verifies it only where that pays (``AutoGrowth._free``)
@@ -164,7 +164,7 @@ class AutoPlanner(Planner):
             self._evidence = "catch-up"  # a one-off cost after plain steps, no evidence about drafting
         tree = self._tree(root_token, drafter, ctx, trie, cap, pending, copies)
         self.size = tree.size - 1
-        self._new_size = tree.size not in ctx.warm
+        self._new_size = tree.size not in ctx.prepaid.sizes
         return tree
 
     def _tree(self, root_token, drafter, ctx, trie, cap: int, pending: int, copies: int) -> DraftTree:
@@ -186,9 +186,15 @@ class AutoPlanner(Planner):
             if probe and curve.chance(float(prior[0])) < float(prior[0]):
                 curve = Acceptance()  # the draft as good as it says, at least
             # the draft's catch-up and root, unless its look-ahead decoded the root already
-            spent = 0.0 if drafter.known((root_token,)) else float(costs.k(pending))
+            spent = 0.0 if ctx.prepaid.drafted((root_token,)) else float(costs.k(pending))
             growth = AutoGrowth(
-                cal.sizing(ctx.warm), curve, prior, cap, self.max_depth, spent, known=drafter.known
+                cal.sizing(ctx.prepaid.sizes),
+                curve,
+                prior,
+                cap,
+                self.max_depth,
+                spent,
+                known=ctx.prepaid.drafted,
             )
             tree, spent = level_tree(root_token, drafter, growth, trie, self.copier), growth.spent
         # as profiled: what learn_costs compares with. What the look-ahead decoded is not in it (those
@@ -202,7 +208,7 @@ class AutoPlanner(Planner):
         self.copier.observe(event.tree, event.accepted_path)  # the copies' acceptance rates
         self.copies.observe(event, copied=self.mode == Mode.COPY)  # the copy steps' r_c
         cal = self.calibration
-        evidence = self._evidence
+        evidence: str | None = self._evidence
         if evidence != "plain" and self._new_size and cal.costs is not None and cal.costs.look_ahead:
             # one-off round trips for a batch size new to the target (traced at 20 ms: a process's first
             # 2-token verify 0.63 s, later ones 0.32 s): no evidence either way

@@ -164,7 +164,7 @@ class Policy:
             self.copies.set_costs(costs, self.budget)
         if self._ceiling is Ceiling.UNKNOWN:  # on the profile: what this machine allows, not a factor's
             # estimate of the moment (a "never" on learnt factors was final: nothing drafted to unlearn it)
-            profiled = self.calibration.costs
+            profiled = self.calibration.profiled
             best = ceiling(profiled, cap)
             if self.masks:
                 best = max(best, parallel_ceiling(profiled, self.masks, cap))

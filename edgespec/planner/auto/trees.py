@@ -50,7 +50,7 @@ class AutoGrowth:
     max_depth: int
     spent: float  # seconds of drafting so far (from the draft's catch-up on)
     tops: np.ndarray = field(default_factory=lambda: np.zeros(PROFILE_LEN))  # Σ top-j of this step's rows
-    known: Callable[[Sequence[int]], bool] = lambda path: False  # ``Drafter.known``: decoded already
+    known: Callable[[Sequence[int]], bool] = lambda path: False  # ``Prepaid.drafted``: decoded already
     phat: dict[int, float] = field(default_factory=lambda: {0: 1.0})  # work node → p̂ (through the curve)
 
     def admit(self, growth: Growth, nodes: list[int], dists: list[SparseDist]) -> None:
