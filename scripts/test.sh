@@ -17,6 +17,7 @@ python -m pip install -q -e '.[test,bundled]'
 if [ "${1:-}" = "--quick" ]; then
     shift
     lint-imports  # docs/architecture.md's import rules (pyproject.toml [tool.importlinter]); under a second
+    mypy  # the decoder ↔ models seam, engine/ports.py (pyproject.toml [tool.mypy]); seconds
     exec python -m pytest -q -m "not model and not slow" "$@"
 fi
 # The training stack (torch CPU build, transformers, peft) for tests/engine/test_train_tiny.py; the quick
@@ -24,6 +25,7 @@ fi
 python -m pip install -q -e '.[train]'
 ruff check edgespec tui tests scripts
 lint-imports  # the import rules of docs/architecture.md (pyproject.toml [tool.importlinter])
+mypy  # the decoder ↔ models seam: engine/ports.py's Protocols and what implements them ([tool.mypy])
 edgespec models pull qwen2.5-coder-1.5b+0.5b
 # The single binary (tests/real/test_binary.py); its no-Python chroot test needs a static busybox.
 if [ "$(id -u)" = 0 ] && ! command -v busybox >/dev/null; then

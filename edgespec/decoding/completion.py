@@ -81,5 +81,4 @@ def fim_tokens(model, prefix: str, suffix: str, room: int) -> list[int]:
 
 
 def _name(model) -> str:
-    path = getattr(model, "path", "this model")
-    return str(path).replace("\\", "/").rsplit("/", 1)[-1]
+    return str(model.path).replace("\\", "/").rsplit("/", 1)[-1]

@@ -2,24 +2,24 @@
 
 Each step makes exactly one target decode (two for a planner that ``needs_target_root``: the root
 first, alone) and yields a ``StepEvent`` with the tokens it committed, each marked with its
-provenance. The loop runs on any object with the ``ModelPair`` shape (the real engine, or a small
-fake in unit tests).
+provenance. The loop reaches the models only through ``engine.ports`` (``Pair``, ``Target``,
+``Draft``): the real engine, or a small fake in unit tests.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from time import perf_counter
 
 import numpy as np
 
 from ..engine.interrupts import Cancelled
-from ..engine.rows import argmax_margin, draft_dists
-from ..planner.tree import DraftTree, PlanContext, Planner, SparseDist, TreeBuilder
+from ..engine.ports import Draft, DraftWork, Pair, Target, Verified, Vocab
+from ..planner.tree import DraftTree, PlanContext, Planner, Prepaid, SparseDist, TreeBuilder
 from .events import EmittedToken, Provenance, StepEvent, StepTimings
-from .sampling import SamplingParams, sample, target_probs
+from .sampling import SamplingParams, sample
 from .text import Detokenizer, StopStrings
 from .verify import Verdict, verify_greedy, verify_sampling
 
@@ -42,22 +42,27 @@ class _Step:
 
 
 def generate(
-    pair, planner: Planner | None, request: Request, cancel: threading.Event | None = None
+    pair: Pair, planner: Planner | None, request: Request, cancel: threading.Event | None = None
 ) -> Iterator[StepEvent]:
     """Stream the answer to ``request``; ``planner=None`` decodes plainly (one token per step)."""
     rng = np.random.default_rng(request.sampling.seed)
     start = perf_counter()
     root = int(request.prompt[-1])
-    meanwhile = None
+    draft, look_ahead = None, False
     if planner is not None and planner.needs_draft:
         pair.set_up_draft(planner.draft_setup())  # the plain draft, or a parallel drafter (ParallelSpec)
-        pair.draft.defer(request.prompt)  # read with the first draft level: after the first token
-        pair.draft.begin_step(request.sampling.temperature)
-        # over RPC the draft catches up and guesses past the prompt while the target decodes it
-        meanwhile = _look_ahead(pair.draft, planner, pair.target, TreeBuilder(root).freeze())
+        draft, look_ahead = pair.draft, planner.may_look_ahead
+    if draft is not None:
+        draft.defer(request.prompt)  # read with the first draft level: after the first token
+        draft.begin_step(request.sampling.temperature)
     # The prompt's new part in one target decode, its last token with logits: the first token's row.
     try:
-        first_row, cached = pair.target.prefill(request.prompt, meanwhile, cancel)
+        pending = pair.target.start_prefill(request.prompt, cancel)
+        if draft is not None and look_ahead:
+            # over RPC the draft catches up and guesses past the prompt while the target decodes it
+            _overlap(pair, TreeBuilder(root).freeze(), pending)
+        prefilled = pending.result()
+        cached = prefilled.cached
     except Cancelled:  # the client left during the prompt: the model is free for the next one at once
         yield _finish("cancelled", "")
         return
@@ -74,7 +79,7 @@ def generate(
             yield _finish("context", stops.flush())
             return
         if first:  # the first token waits for the prompt's decode only, never for the draft
-            step = first_token(pair, planner, root, first_row, request.sampling, rng)
+            step = first_token(pair, planner, root, prefilled.first, request.sampling, rng)
         elif planner is None:
             step = plain_step(pair.target, root, request.sampling, rng)
         else:
@@ -90,8 +95,8 @@ def generate(
             finish = "stop"
         if finish is not None:
             text += detok.flush() if finish != "stop" else ""
-            if planner is not None and planner.needs_draft:
-                pair.draft.drop_ahead()  # the cache holds the conversation only, as between replies
+            if draft is not None:
+                draft.drop_ahead()  # the cache holds the conversation only, as between replies
         yield replace(
             step.event,
             tokens=tokens,
@@ -106,7 +111,9 @@ def generate(
             return
 
 
-def _cut(tokens: tuple[EmittedToken, ...], model, budget: int) -> tuple[tuple[EmittedToken, ...], str | None]:
+def _cut(
+    tokens: tuple[EmittedToken, ...], model: Vocab, budget: int
+) -> tuple[tuple[EmittedToken, ...], str | None]:
     """Stop at end-of-generation tokens (not shown) and at the token budget, whichever comes first."""
     for i, tok in enumerate(tokens):
         if model.is_eog(tok.id) and i <= budget:
@@ -129,29 +136,31 @@ def _finish(reason: str, text: str) -> StepEvent:
 
 
 # -- plain decoding ---------------------------------------------------------------------------------
-def plain_step(target, root: int, params: SamplingParams, rng: np.random.Generator) -> _Step:
-    start, decoding = perf_counter(), target.ctx.decode_seconds
-    row = target.decode_root(root)
+def plain_step(target: Target, root: int, params: SamplingParams, rng: np.random.Generator) -> _Step:
+    start, decoding = perf_counter(), target.llama_seconds
+    out = target.decode_root(root)
     verified = perf_counter()
-    token, margin = choose(row, params, rng)
+    token, margin = choose(out, 0, params, rng)
     emitted = (EmittedToken(token, Provenance.TARGET, margin),)
     end = perf_counter()
-    python = end - start - (target.ctx.decode_seconds - decoding)
+    python = end - start - (target.llama_seconds - decoding)
     timings = StepTimings(verify=verified - start, bookkeeping=end - verified, python=python)
     event = StepEvent(tokens=emitted, text="", drafted=0, accepted=0, timings=timings)
     return _Step(emitted, token, event)
 
 
-def first_token(pair, planner: Planner | None, root: int, row, params: SamplingParams, rng) -> _Step:
-    """A reply's first token, from the row of the prompt's last token (``root``, decoded with the
+def first_token(
+    pair: Pair, planner: Planner | None, root: int, first: Verified, params: SamplingParams, rng
+) -> _Step:
+    """A reply's first token, from the target's output at the prompt's last token (``root``, decoded with the
     prompt): no draft work waited for. The draft, which reads the rest of the prompt with its first
     level later (over RPC: what it did not read while the target decoded the prompt), queues the token
     as its next root — or, when it guessed it during that decode, keeps what it decoded past it."""
     start = perf_counter()
-    token, margin = choose(row, params, rng)
+    token, margin = choose(first, 0, params, rng)
     emitted = (EmittedToken(token, Provenance.TARGET, margin),)
     tree = TreeBuilder(root).freeze()  # the root alone, as a step that drafted nothing
-    if planner is not None and planner.needs_draft:
+    if planner is not None and planner.needs_draft and pair.draft is not None:
         pair.draft.commit(tree, (0,), token)  # the step began before the prompt's decode
     seconds = perf_counter() - start
     timings = StepTimings(bookkeeping=seconds, python=seconds)  # its decode is the prompt's (prefill)
@@ -168,23 +177,33 @@ def first_token(pair, planner: Planner | None, root: int, row, params: SamplingP
     return _Step(emitted, token, event)
 
 
-def choose(row: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> tuple[int, float]:
-    """The target's token after ``row`` (its argmax, or a draw from p) and its top-1 − top-2 margin.
+def choose(out: Verified, node: int, params: SamplingParams, rng: np.random.Generator) -> tuple[int, float]:
+    """The target's token after ``node`` (its argmax, or a draw from p) and its top-1 − top-2 margin.
     The same draw as ``verify_sampling`` at a node without children."""
-    best, margin = argmax_margin(row)
-    return (best if params.greedy else sample(target_probs(row, params), rng)), margin
+    best, margin = out.top(node)
+    return (best if params.greedy else sample(out.probs(node, params), rng)), margin
 
 
 # -- speculative decoding ---------------------------------------------------------------------------
 class _NoDraft:
     """The draft for planners that need none (``needs_draft = False``): no work, no time."""
 
-    decode_seconds = 0.0
-    decodes = 0
-    pending = ()
-    reused = 0
-    ahead_seconds = 0.0
-    guess = None
+    top_k = vocab_limit = 0
+    llama_seconds = 0.0
+    work = DraftWork()
+    pending: Sequence[int] = ()
+
+    def expand(self, tree: TreeBuilder, nodes: Sequence[int]) -> list[SparseDist]:
+        raise RuntimeError("a planner that needs no draft expanded a node (planner bug)")
+
+    def parallel_dists(self, tree: TreeBuilder, k: int) -> list[SparseDist]:
+        raise RuntimeError("a planner that needs no draft asked for a parallel pass (planner bug)")
+
+    def known(self, path: Sequence[int]) -> bool:
+        return False
+
+    def defer(self, tokens: Sequence[int]) -> int:
+        return 0
 
     def begin_step(self, temperature: float) -> None:
         pass
@@ -192,9 +211,12 @@ class _NoDraft:
     def commit(self, tree: DraftTree, path: Sequence[int], next_token: int) -> None:
         pass
 
+    def drop_ahead(self) -> None:
+        pass
+
 
 def speculative_step(
-    pair,
+    pair: Pair,
     planner: Planner,
     root: int,
     params: SamplingParams,
@@ -203,43 +225,52 @@ def speculative_step(
     fresh: bool = True,
 ) -> _Step:
     """One step; ``fresh``: the request's first (the history may differ from the last request's)."""
-    draft = pair.draft if planner.needs_draft else _NoDraft()
+    draft: Draft = pair.draft if planner.needs_draft and pair.draft is not None else _NoDraft()
     target = pair.target
     start = step_start = perf_counter()
-    decoding = _llama_seconds(pair)
-    # mcsd-target-init: the target decodes the root alone first (committing it); its row is the
-    # distribution the root's children are taken from, and row 0 of the verification below.
-    root_row = target.decode_root(root).copy() if planner.needs_target_root else None
+    decoding = _llama_seconds(target, draft)
+    # mcsd-target-init: the target decodes the root alone first (committing it); its output is the
+    # distribution the root's children are taken from, and node 0 of the verification below.
+    root_out = target.decode_root(root).detach() if planner.needs_target_root else None
     root_seconds = perf_counter() - start
-    history = target.committed if root_row is None else target.committed[:-1]  # before the root
-    turns = target.turn_tokens
-    tree, plan_seconds = plan(
-        draft, planner, root, params, rng, max_nodes, root_row, history, fresh, turns, target.sizes_decoded
+    history = target.committed if root_out is None else target.committed[:-1]  # before the root
+    root_dist = None if root_out is None else root_out.candidates(0, params, draft.top_k, draft.vocab_limit)
+    ctx = PlanContext(
+        sampling=not params.greedy,
+        rng=rng,
+        max_nodes=max_nodes,
+        history=history,
+        fresh=fresh,
+        turn_tokens=target.turn_tokens,
+        prepaid=Prepaid(draft.known, target.sizes_decoded),
+        root_dist=root_dist,
     )
+    tree, plan_seconds = plan(draft, planner, root, params.temperature, ctx)
     start = perf_counter()
-    if tree.size == 1 and root_row is None:
-        # Nothing drafted (auto's plain steps, a copier without a match): plain decoding, without
-        # packing, walking or re-tagging a one-node tree. Same token, same draw.
-        meanwhile = _look_ahead(draft, planner, target, tree)  # over RPC the draft catches up meanwhile
-        token, margin = choose(target.decode_root(root, meanwhile), params, rng)
-        verified = perf_counter()
-        verdict, emitted = Verdict((0,), token), (EmittedToken(token, Provenance.TARGET, margin),)
+    pending = target.start_verify(tree, root_out)  # pack + the one target decode
+    if planner.needs_draft and planner.may_look_ahead:
+        _overlap(pair, tree, pending)  # over RPC the draft looks ahead (or catches up) meanwhile
+    out = pending.result()
+    verified = perf_counter()
+    if tree.size == 1 and root_out is None:
+        # Nothing drafted (auto's plain steps, a copier without a match): plain decoding, committed
+        # already; no walking or re-tagging a one-node tree. Same token, same draw.
+        token, margin = choose(out, 0, params, rng)
+        verdict = Verdict((0,), token)
+        emitted: tuple[EmittedToken, ...] = (EmittedToken(token, Provenance.TARGET, margin),)
     else:
-        meanwhile = _look_ahead(draft, planner, target, tree)
-        layout, target_rows = target.verify(tree, root_row, meanwhile)  # pack + the one target decode
-        verified = perf_counter()
-        verdict, path_margins = decide(tree, target_rows, params, rng)
+        verdict, path_margins = decide(tree, out, params, rng)
         emitted = provenance(tree, verdict, path_margins)
-        target.commit(tree, layout, verdict.path, root_committed=root_row is not None)
+        target.commit(tree, verdict.path, root_committed=root_out is not None)
     draft.commit(tree, verdict.path, verdict.next_token)
-    end = perf_counter()
+    end, work = perf_counter(), draft.work
     timings = StepTimings(
-        draft=draft.decode_seconds,
-        plan=plan_seconds - draft.decode_seconds,
+        draft=work.seconds,
+        plan=plan_seconds - work.seconds,
         verify=verified - start + root_seconds,
         bookkeeping=end - verified,
         # the look-ahead's draft decodes overlapped the target's (counted in full): not Python either
-        python=end - step_start - (_llama_seconds(pair) - decoding - draft.ahead_seconds),
+        python=end - step_start - (_llama_seconds(target, draft) - decoding - work.ahead_seconds),
     )
     event = StepEvent(
         tokens=emitted,
@@ -250,9 +281,9 @@ def speculative_step(
         tree=tree,
         accepted_path=verdict.path,
         verified_nodes=tree.size,
-        draft_decodes=draft.decodes,
-        reused=draft.reused,
-        guess=draft.guess,
+        draft_decodes=work.decodes,
+        reused=work.reused,
+        guess=work.guess,
         depth=tree.height,
         leaves=len(tree.leaves),
         expected_accept=tree.stats.expected_accept,
@@ -263,94 +294,42 @@ def speculative_step(
     return _Step(emitted, verdict.next_token, event)
 
 
-def _look_ahead(draft, planner: Planner, target, tree: DraftTree):
-    """What the draft does while a target on RPC servers verifies ``tree``: it looks ahead along the
-    tree's likeliest path (``Draft.look_ahead``), hiding the next step's drafting when the target
-    accepts that path — after catching up, when the step drafted nothing (a root-only tree decoded
-    plainly, or copies). None where nothing can overlap the verify (a target on this machine), or for
-    a planner whose drafting would not pay even done meanwhile (``Planner.may_look_ahead``)."""
-    if not (target.remote and planner.may_look_ahead):  # a local target: no question
-        return None
-    # the last decode of the same kind: the next tree is usually of the same size
-    expected = target.verify_seconds if tree.size > 1 else target.plain_seconds
-    return lambda done: draft.look_ahead(tree, done, expected)
+def _llama_seconds(target: Target, draft: Draft) -> float:
+    """Time both models have spent inside their decodes so far (a running total: take differences)."""
+    return target.llama_seconds + draft.llama_seconds
 
 
-def _llama_seconds(pair) -> float:
-    """Time both models have spent inside llama_decode so far (a running total: take differences)."""
-    draft = pair.draft.ctx.decode_seconds if pair.draft is not None else 0.0  # ngram loads no draft
-    return pair.target.ctx.decode_seconds + draft
+def _overlap(pair: Pair, tree: DraftTree, pending) -> None:
+    """The pair's work while the target decodes ``tree`` (``Pair.overlap``: the look-ahead over RPC).
+    The target's result is waited for even when that work fails: the model is busy until then."""
+    try:
+        pair.overlap(tree, pending)
+    except BaseException:
+        pending.result()
+        raise
 
 
 def plan(
-    draft,
-    planner: Planner,
-    root: int,
-    params: SamplingParams,
-    rng,
-    max_nodes: int,
-    root_row=None,
-    history: Sequence[int] = (),
-    fresh: bool = True,
-    turn_tokens: frozenset[int] = frozenset(),
-    warm: Collection[int] = frozenset(),
+    draft: Draft, planner: Planner, root: int, temperature: float, ctx: PlanContext
 ) -> tuple[DraftTree, float]:
-    """Grow this step's draft tree (the draft model decodes level by level inside). ``root_row``: the
-    target's logits after the root, for planners that take the root's children from the target.
-    ``history``: the committed tokens before the root (planners that copy from the conversation);
-    ``turn_tokens``: the target's end-of-turn and control tokens (copies stop before them)."""
+    """Grow this step's draft tree from ``root`` (the draft model decodes level by level inside, its
+    distributions taken at ``temperature``); returns it and the seconds it took."""
     start = perf_counter()
-    draft.begin_step(params.temperature)
-    ctx = PlanContext(
-        sampling=not params.greedy,
-        rng=rng,
-        max_nodes=max_nodes,
-        history=history,
-        fresh=fresh,
-        turn_tokens=turn_tokens,
-        warm=warm,
-    )
-    if root_row is None:
-        tree = planner.plan(root, draft, ctx)
-    else:
-        root_dist = target_candidates(root_row, params, draft.top_k, draft.vocab_limit)
-        tree = planner.plan(root, draft, ctx, root_dist=root_dist)
+    draft.begin_step(temperature)
+    tree = planner.plan(root, draft, ctx)  # ``_NoDraft`` for planners that need none
     return tree, perf_counter() - start
 
 
-def target_candidates(row: np.ndarray, params: SamplingParams, k: int, vocab_limit: int) -> SparseDist:
-    """The target's k likeliest next tokens that the draft can decode (ids < ``vocab_limit``): ranked by
-    logit under greedy; with the target's own sampling distribution p (temperature, top-k, top-p)
-    when it samples, so that draws from them are draws from p (truncated to the k best)."""
+def decide(tree: DraftTree, out: Verified, params: SamplingParams, rng) -> tuple[Verdict, list[float]]:
+    """Apply the verification rule to the target's output at each tree node. Also returns the target's
+    top-1 − top-2 margin at each node on the accepted path, root first: what ``provenance`` reports."""
     if params.greedy:
-        return draft_dists(row[None, :], k, 1.0, vocab_limit)[0]
-    p = target_probs(row, params)[:vocab_limit]
-    k = min(k, int(np.count_nonzero(p)))
-    best = np.argpartition(-p, k - 1)[:k]
-    best = best[np.argsort(-p[best], kind="stable")]  # most likely first
-    return SparseDist(ids=best.astype(np.int32), probs=p[best])
-
-
-def decide(
-    tree: DraftTree, target_rows: np.ndarray, params: SamplingParams, rng
-) -> tuple[Verdict, list[float]]:
-    """Apply the verification rule to the target's rows (one per tree node). Also returns the target's
-    top-1 − top-2 margin at each row on the accepted path, root first: what ``provenance`` reports."""
-    if params.greedy:
-        tops: dict[int, tuple[int, float]] = {}
-
-        def argmax_at(node: int) -> int:
-            tops[node] = argmax_margin(target_rows[node])  # each visited row read once
-            return tops[node][0]
-
-        verdict = verify_greedy(tree, argmax_at)
-        # Every path node was visited, except a LONGEST node (mcsd-target-init's root): its children
+        # Every path node is visited, except a LONGEST node (mcsd-target-init's root): its children
         # are the target's candidates, walked without its argmax.
-        tops_on_path = [tops.get(node) or argmax_margin(target_rows[node]) for node in verdict.path]
+        verdict = verify_greedy(tree, lambda node: out.top(node)[0])
     else:
-        verdict = verify_sampling(tree, lambda node: target_probs(target_rows[node], params), rng)
-        tops_on_path = [argmax_margin(target_rows[node]) for node in verdict.path]
-    return verdict, [margin for _, margin in tops_on_path]
+        verdict = verify_sampling(tree, lambda node: out.probs(node, params), rng)
+    return verdict, [out.top(node)[1] for node in verdict.path]
 
 
 def provenance(tree: DraftTree, verdict: Verdict, path_margins: list[float]) -> tuple[EmittedToken, ...]:

@@ -8,7 +8,7 @@ is a leaf). Either way every step emits at least one token.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -81,12 +81,13 @@ def _walk(tree: DraftTree, path: list[int], step: Callable[[int], tuple[int | No
             return max(branches, key=lambda verdict: len(verdict.path))  # max keeps the first of equals
         accepted, token = step(node)
         if accepted is None:
+            assert token is not None  # a step that accepts no child names the token to emit
             return Verdict(tuple(path), int(token))
         path.append(accepted)
 
 
 def _residual_rule(
-    tree: DraftTree, node: int, children: list[int], p: np.ndarray, rng: np.random.Generator
+    tree: DraftTree, node: int, children: Sequence[int], p: np.ndarray, rng: np.random.Generator
 ) -> int | None:
     """Children x_1, x_2, … were drawn from q without replacement (SpecInfer; DySpec Alg. 3).
 
@@ -117,7 +118,7 @@ def _residual_rule(
 
 
 def _one_hot_rule(
-    tree: DraftTree, children: list[int], p: np.ndarray, rng: np.random.Generator
+    tree: DraftTree, children: Sequence[int], p: np.ndarray, rng: np.random.Generator
 ) -> int | None:
     """Children were chosen deterministically (the draft's top candidates): q = δ(x).
 

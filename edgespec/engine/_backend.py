@@ -27,9 +27,10 @@ _BACKEND_READY = False
 TILED_MATMUL = "GGML_CPU_TILED_MM"
 
 # The library that llama-cpp-python 0.3.36's ctypes declarations describe (the llama.cpp and ggml its sdist
-# vendors): ``_llama.py`` fills ``llama_batch`` and the model and context parameters through them. Another
-# libllama under the same binding (LLAMA_CPP_LIB_PATH, a library built from other sources) may lay those
-# structures out differently, which is memory corruption, not an error: refused before first use.
+# vendors): ``_model.py`` and ``_context.py`` fill ``llama_batch`` and the model and context parameters
+# through them. Another libllama under the same binding (LLAMA_CPP_LIB_PATH, a library built from other
+# sources) may lay those structures out differently, which is memory corruption, not an error: refused
+# before first use.
 EXPECTED_LIBRARY = {"llama.cpp": "0.5.0-dev", "ggml": "0.25.3"}
 
 
@@ -116,7 +117,7 @@ def tiled_matmul() -> bool:
     if TILED_MATMUL not in os.environ:
         return True
     number = re.match(r"\s*[+-]?\d+", os.environ[TILED_MATMUL])
-    return bool(number) and int(number.group()) != 0
+    return number is not None and int(number.group()) != 0
 
 
 def supports_gpu_offload() -> bool:

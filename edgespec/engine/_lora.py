@@ -8,7 +8,7 @@ import ctypes
 import llama_cpp as C
 
 from ..errors import EngineError
-from ._llama import Model
+from ._model import Model
 
 
 class LoraAdapter:

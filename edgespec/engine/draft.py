@@ -2,29 +2,21 @@
 ``Drafter``), or — ParallelSpec — drafts every depth at once; and its KV bookkeeping
 (``runners.CachedModel``).
 
-While a target on RPC servers verifies a tree, the draft looks ahead (``look_ahead``): it decodes the
-likeliest ways the text may go on past the tree — the tree's likeliest paths extended by its own top-1
-tokens, and where the target may reject a node's children, its likeliest other token. When the
-target's answer is one of them, ``commit`` keeps those cells and ``expand`` answers the next step's
-nodes on them from what was decoded already: that drafting was hidden behind the verify. A step that
-drafted nothing (``auto`` decoding plainly, or verifying copies) has the draft catch up meanwhile and
-guess from the root, so it stays current and the next tree may start decoded. Every reused distribution
-is the one the draft would compute for the same tokens, so the planners — and the output — are
-unchanged; only when the draft work happens moves."""
+While a target on RPC servers verifies a tree, the draft looks ahead past it (``look_ahead.LookAhead``,
+which it owns): when the target's answer is one of the paths decoded then, ``commit`` keeps those cells
+and ``expand`` answers the next step's nodes on them from what was decoded already."""
 
 from __future__ import annotations
 
-import heapq
-import threading
 from collections.abc import Sequence
 from time import perf_counter
 
 from ..planner.tree import DraftTree, SparseDist, TreeBuilder
-from ._llama import Context
+from ._context import Context
+from .look_ahead import LookAhead, Path
+from .ports import Done, DraftWork, Pending
 from .rows import draft_dists
-from .runners import CachedModel
-
-AHEAD_TOKENS = 8  # most tokens a look-ahead path goes past the tree's height
+from .runners import CachedModel, Target
 
 
 class Draft(CachedModel):
@@ -50,15 +42,18 @@ class Draft(CachedModel):
         self._root_pos = 0
         self._path_dist: dict[tuple[int, ...], SparseDist] = {}  # decoded node's path → its distribution
         self._path_node: dict[tuple[int, ...], int] = {}  # … → its node (the look-ahead's: negative)
-        # What the last look-ahead left past the root (whose path starts the keys): distributions of
-        # nodes already decoded in the sequence ``_ahead_seq``; reused by the next step's ``expand``.
-        self._ahead: dict[tuple[int, ...], SparseDist] = {}
-        self._ahead_seq = 0
         self.reused = 0  # nodes this step whose distribution came from the look-ahead
-        self.ahead_seconds = 0.0  # time the look-ahead decoded this step (overlapping the verify)
-        # A step that drafted nothing: the draft's distribution at its root, decoded by the look-ahead
-        # while the target decoded (None: not decoded) — how auto learns the draft's accuracy meanwhile.
-        self.guess: SparseDist | None = None
+        self.ahead = LookAhead(self)  # while a target on RPC servers verifies (``look_ahead``)
+
+    @property
+    def ahead_seconds(self) -> float:
+        """Time the look-ahead decoded this step (overlapping the verify)."""
+        return self.ahead.seconds
+
+    @property
+    def guess(self) -> SparseDist | None:
+        """A step that drafted nothing: the draft's distribution at its root (``LookAhead.guess``)."""
+        return self.ahead.guess
 
     def sync(self, tokens: Sequence[int]) -> int:
         """Hold ``tokens[:-1]``; the last token is the pending root, decoded with the first level."""
@@ -75,7 +70,7 @@ class Draft(CachedModel):
         return keep
 
     def keep_prefix(self, tokens: Sequence[int]) -> int:
-        self._ahead = {}  # its cells are past the committed prefix: removed with everything there
+        self.ahead.forget()  # its cells are past the committed prefix: removed with everything there
         return super().keep_prefix(tokens)
 
     def absorb(self, limit: int) -> bool:
@@ -99,8 +94,7 @@ class Draft(CachedModel):
         self._path_dist.clear()
         self._path_node.clear()
         self.reused = 0
-        self.ahead_seconds = 0.0
-        self.guess = None
+        self.ahead.begin_step()
 
     def expand(self, tree: TreeBuilder, nodes: Sequence[int]) -> list[SparseDist]:
         start = perf_counter()
@@ -113,18 +107,22 @@ class Draft(CachedModel):
             tree.dists[node] = dist
         return dists
 
+    @property
+    def work(self) -> DraftWork:
+        return DraftWork(self.decode_seconds, self.decodes, self.reused, self.ahead_seconds, self.guess)
+
     def known(self, path: Sequence[int]) -> bool:
-        return not self.pending and tuple(int(t) for t in path) in self._ahead
+        return not self.pending and tuple(int(t) for t in path) in self.ahead.left
 
     def _expand_root(self, tree: TreeBuilder) -> list[SparseDist]:
         """The root: catch up on what the target committed last step (accepted tokens the draft never
         decoded, then the new root), straight into the committed prefix (every tagged id) — or nothing,
         when the look-ahead decoded the root already."""
         root = (int(tree.tokens[0]),)
-        if root in self._ahead and not self.pending:
-            self._used_seqs.append(self._ahead_seq)  # its cells past the root go at commit unless kept
+        if root in self.ahead.left and not self.pending:
+            self._used_seqs.append(self.ahead.seq)  # its cells past the root go at commit unless kept
             self.reused += 1
-            dists = [self._ahead[root]]
+            dists = [self.ahead.left[root]]
         else:
             self.drop_ahead()
             pending = self._catch_up(room=self.ctx.settings.n_batch)
@@ -201,8 +199,9 @@ class Draft(CachedModel):
             parent = tree.parents[node]
             if parent not in self._node_seq:
                 raise ValueError(f"node {node} expanded before its parent {parent} (planner bug)")
-            if self._reusable(parent, path):
-                dists[node] = self._reuse(node, parent, path)
+            dist = self._reuse(node, parent, path)
+            if dist is not None:
+                dists[node] = dist
                 self.reused += 1
         todo = [node for node in nodes if node not in dists]
         if todo:
@@ -217,18 +216,18 @@ class Draft(CachedModel):
             self.decodes += 1
         return [dists[node] for node in nodes]
 
-    def _reusable(self, parent: int, path: tuple[int, ...]) -> bool:
-        """The last look-ahead decoded this node, in the sequence its parent is in (or below the root)."""
-        return path in self._ahead and self._node_seq[parent] in (None, self._ahead_seq)
-
-    def _reuse(self, node: int, parent: int, path: tuple[int, ...]) -> SparseDist:
-        """Take a node the last look-ahead decoded: its cell (in its sequence) and distribution."""
-        self._assign(node, path, self._ahead_seq)
+    def _reuse(self, node: int, parent: int, path: tuple[int, ...]) -> SparseDist | None:
+        """Where the last look-ahead decoded this node, in the sequence its parent is in (or below the
+        root), take it: its cell (in its sequence) and distribution (None: it did not)."""
+        left = self.ahead.left
+        if path not in left or self._node_seq[parent] not in (None, self.ahead.seq):
+            return None
+        self._assign(node, path, self.ahead.seq)
         self._seq_taken.add(parent)  # the node continues its parent's sequence
-        if any(len(other) > len(path) for other in self._ahead):
+        if any(len(other) > len(path) for other in left):
             self._seq_taken.add(node)  # that sequence holds a deeper cell: the node's children need new ids
-        self._path_dist[path] = self._ahead[path]
-        return self._ahead[path]
+        self._path_dist[path] = left[path]
+        return left[path]
 
     def _assign(self, node: int, path: tuple[int, ...], seq: int | None) -> None:
         self._node_seq[node], self._path_seq[path], self._path_node[path] = seq, seq, node
@@ -255,94 +254,53 @@ class Draft(CachedModel):
         self._used_seqs.append(seq)
         return seq
 
-    # -- looking ahead while the target verifies -----------------------------------------------------
-    def look_ahead(self, tree: DraftTree, done: threading.Event, expected: float = 0.0) -> None:
-        """While the target verifies ``tree`` (``done`` is set when it has): decode, one token a decode,
-        the likeliest ways the text may go on past the tree — best first, the draft's probabilities
-        standing in for the target's (a step that drafted nothing catches up first:
-        ``_catch_up_meanwhile``):
+    # -- looking ahead while the target verifies (``look_ahead.LookAhead``, through ``Drafting``) ------
+    def look_ahead(self, tree: DraftTree, done: Done, expected: float = 0.0) -> None:
+        """While the target verifies ``tree`` (``done`` is set when it has): ``LookAhead.run``."""
+        if not self.mask_ids:  # ParallelSpec's masks: its trees are drafted in one pass, nothing to extend
+            self.ahead.run(tree, done, expected)
 
-        - a drafted node not decoded yet: the target accepts the path to it (chance p̂);
-        - past a decoded path, the tree's or the look-ahead's, reached with chance c: the target
-          rejects what was drafted there (if anything) and writes the draft's likeliest other token t
-          (past a leaf: its top-1 guess), chance c · q(t).
+    @property
+    def root_decoded(self) -> bool:
+        """This step decoded its root already (it drafted, or the look-ahead caught up)."""
+        return bool(self._path_seq)
 
-        Paths stop ``AHEAD_TOKENS`` past the tree's height. ``expected``: how long the verify should
-        take (0: unknown); a token is begun only while more than half a decode of it is likely left,
-        so the step rarely waits for the draft.
-        """
-        if self.mask_ids:
-            return  # ParallelSpec's masks: its trees are drafted in one pass, nothing to extend
-        start = perf_counter()
-        if not self._path_seq and not self._catch_up_meanwhile(tree, done):
-            self.ahead_seconds += perf_counter() - start
-            return
-        in_tree = {tuple(tree.path_tokens(node)): node for node in range(tree.size)}
-        frontier: list[tuple[float, int, tuple[int, ...]]] = []  # a heap of (−chance, tie-break, path)
-        for path, node in in_tree.items():
-            if path in self._path_dist:
-                self._push_next(frontier, tree, in_tree, path, tree.path_probs[node])
-        longest = tree.height + 1 + AHEAD_TOKENS  # tokens in a path, the root included
-        level = 0.0  # the last look-ahead decode's seconds
-        while frontier and not done.is_set():
-            minus_chance, _, path = heapq.heappop(frontier)
-            parent = self._path_node[path[:-1]]
-            if self._reusable(parent, path):
-                self._reuse(-1 - len(self._path_node), parent, path)  # decoded by the last look-ahead
-            else:
-                position = self._root_pos + len(path) - 1
-                late = expected and perf_counter() - start + level / 2 > expected
-                if late or position >= self.n_ctx or len(self._used_seqs) >= self.n_seq:
-                    break
-                if self.model.is_eog(path[-1]):
-                    continue
-                began = perf_counter()
-                seq = self._seq_below(parent, len(path) - 1)
-                if self.ctx.seq_pos_max(seq) != position - 1:
-                    continue  # a cell past the parent in its sequence (seen over RPC with bushy trees)
-                self._assign(-1 - len(self._path_node), path, seq)  # look-ahead nodes: negative keys
-                self._path_dist[path] = self._decode_top_k([path[-1]], [position], [(seq,)], 1)[0]
-                level = perf_counter() - began
-            if len(path) < longest:
-                self._push_next(frontier, tree, in_tree, path, -minus_chance)
-        self.ahead_seconds += perf_counter() - start
-
-    def _push_next(self, frontier: list, tree: DraftTree, in_tree: dict, path: tuple, chance: float) -> None:
-        """What may follow the decoded ``path`` (reached with ``chance``): its children in the tree, not
-        decoded, each at its p̂; and the draft's likeliest token outside them, at chance · q(token)."""
-        node = in_tree.get(path)
-        children = tree.children(node) if node is not None else ()
-        for child in children:
-            child_path = path + (tree.token_ids[child],)
-            if child_path not in self._path_dist:
-                heapq.heappush(frontier, (-tree.path_probs[child], len(frontier), child_path))
-        drafted = {tree.token_ids[child] for child in children}
-        dist = self._path_dist[path]
-        other = next((i for i, token in enumerate(dist.ids.tolist()) if token not in drafted), None)
-        if other is not None:
-            guess = chance * float(dist.probs[other])
-            heapq.heappush(frontier, (-guess, len(frontier), path + (int(dist.ids[other]),)))
-
-    def _catch_up_meanwhile(self, tree: DraftTree, done: threading.Event) -> bool:
-        """A step that drafted nothing (auto's plain and copy steps): the draft catches up on what the
-        target committed, hidden behind its decode — ``AHEAD_TOKENS`` at a time while more are pending,
-        then the rest and the root, so the look-ahead goes on from the root (its distribution is the
-        step's ``guess``). True when the root is decoded."""
-        if done.is_set():
-            return False
-        if len(self.pending) > AHEAD_TOKENS:
-            self.absorb(AHEAD_TOKENS)
-            return False
+    def catch_up(self, root: int) -> SparseDist:
+        """Catch up and decode ``root`` now, as ``expand`` would; its distribution."""
         decodes = self.decodes  # overlapping the target's decode, like every look-ahead decode: not counted
-        self.guess = self._expand_root(TreeBuilder(tree.token_ids[0]))[0]
+        dist = self._expand_root(TreeBuilder(root))[0]
         self.decodes = decodes
-        return True
+        return dist
+
+    def decoded(self, path: Path) -> SparseDist | None:
+        """The distribution after ``path``, where this step decoded it (a tree's node or the look-ahead's)."""
+        return self._path_dist.get(path)
+
+    def reuse(self, path: Path) -> SparseDist | None:
+        """The look-ahead's node at ``path``, where the last look-ahead left it (``_reuse``): its
+        distribution (None: it did not)."""
+        return self._reuse(-1 - len(self._path_node), self._path_node[path[:-1]], path)  # negative keys
+
+    def room_for(self, path: Path) -> bool:
+        """A cell at ``path``'s position fits: within the context, with a sequence id to spare."""
+        return self._root_pos + len(path) - 1 < self.n_ctx and len(self._used_seqs) < self.n_seq
+
+    def extend(self, path: Path) -> SparseDist | None:
+        """Decode the look-ahead's node at ``path``, below its parent's: its distribution (None: not
+        decoded)."""
+        position = self._root_pos + len(path) - 1
+        seq = self._seq_below(self._path_node[path[:-1]], len(path) - 1)
+        if self.ctx.seq_pos_max(seq) != position - 1:
+            return None  # a cell past the parent in its sequence (seen over RPC with bushy trees)
+        self._assign(-1 - len(self._path_node), path, seq)  # look-ahead nodes: negative keys
+        dist = self._path_dist[path] = self._decode_top_k([path[-1]], [position], [(seq,)], 1)[0]
+        return dist
 
     def drop_ahead(self) -> None:
         """Forget the look-ahead (a reply's end): its cells, past the committed prefix, go."""
-        if self._ahead:
-            self.ctx.seq_rm(self._ahead_seq, len(self.committed))
-            self._ahead = {}
+        if self.ahead.left:
+            self.ctx.seq_rm(self.ahead.seq, len(self.committed))
+            self.ahead.forget()
 
     def commit(self, tree: DraftTree, path: Sequence[int], next_token: int) -> None:
         """Keep the decoded part of the accepted path; queue the rest and the new root. When the draft
@@ -358,17 +316,30 @@ class Draft(CachedModel):
         while decoded < len(written) - 1 and tuple(written[: decoded + 2]) in self._path_seq:
             decoded += 1
         start, ahead = self._root_pos + 1, decoded == len(written) - 1
-        keep = self._path_seq[tuple(written[: decoded + 1])]
-        if decoded:
-            self._keep_branch(keep, self._used_seqs, start, start + decoded, keep_after=ahead)
-        else:
+        keep = self._path_seq[tuple(written[: decoded + 1])]  # None: the root alone (committed)
+        if keep is None:
             for seq in self._used_seqs:
                 self.ctx.seq_rm(seq, start)
+        else:
+            self._keep_branch(keep, self._used_seqs, start, start + decoded, keep_after=ahead)
         self.committed.extend(written[1 : decoded + 1])
         self.pending = written[decoded + 1 :]
-        self._ahead, self._ahead_seq, n = {}, keep, len(written)
-        if ahead:  # the paths below the new root still in ``keep``, keyed from the new root
+        self.ahead.forget()
+        n = len(written)
+        if ahead and keep is not None:  # the paths below the new root still in ``keep``, keyed from it
             below = (p for p, seq in self._path_seq.items() if seq == keep and p[:n] == tuple(written))
-            self._ahead = {p[n - 1 :]: self._path_dist[p] for p in below}
+            self.ahead.leave({p[n - 1 :]: self._path_dist[p] for p in below}, keep)
             # cells of ``keep`` deeper than what is known of them (an older look-ahead's) go
-            self.ctx.seq_rm(keep, len(self.committed) - 1 + max(map(len, self._ahead)))
+            self.ctx.seq_rm(keep, len(self.committed) - 1 + max(map(len, self.ahead.left)))
+
+
+def look_ahead_during(target: Target, draft: Draft | None, tree: DraftTree, pending: Pending) -> None:
+    """While a target on RPC servers decodes ``tree``, the draft looks ahead along its likeliest paths
+    (``Draft.look_ahead``), hiding the next step's drafting when the target accepts one — after catching
+    up, when the step drafted nothing. Nothing for a target on this machine (its decode is over already:
+    work meanwhile would compete for the cores)."""
+    if draft is None or not target.remote:
+        return
+    # the last decode of the same kind: the next tree is usually of the same size
+    expected = target.verify_seconds if tree.size > 1 else target.plain_seconds
+    draft.look_ahead(tree, pending.done, expected)

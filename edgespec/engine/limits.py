@@ -5,7 +5,7 @@ the flag to change. ``models.pairs.open_pair`` checks every load; the commands c
 from __future__ import annotations
 
 from ..errors import EngineError
-from ._llama import LLAMA_MAX_SEQ
+from ._context import LLAMA_MAX_SEQ
 
 BATCH = 512  # tokens: the batches a prompt is decoded in (engine/pair.py: EngineSettings.context)
 MAX_CTX = 1 << 24  # llama.cpp's context sizes are 32-bit; far beyond any model's training context

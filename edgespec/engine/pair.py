@@ -6,12 +6,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import EngineError, PairingError
-from ..planner.tree import DraftSetup
+from ..planner.tree import DraftSetup, DraftTree
 from ._backend import amx_guard, system_info
-from ._llama import LLAMA_MAX_SEQ, Context, ContextSettings, Model
+from ._context import LLAMA_MAX_SEQ, Context, ContextSettings
 from ._lora import LoraAdapter
-from .draft import Draft
+from ._model import Model
+from .draft import Draft, look_ahead_during
 from .parallel import ParallelDrafter, check_base, read_adapter, untrained
+from .ports import Pending
 from .rpc import Placement
 from .runners import CachedModel, Target
 
@@ -74,12 +76,14 @@ class ModelPair:
         self.settings = settings or EngineSettings()
         self._draft_sha256 = draft_sha256
         self._models: list[Model] = []
+        self._runners: list[CachedModel] = []  # the contexts made so far (closed in reverse)
         self._adapter: LoraAdapter | None = None  # the draft's LoRA (a parallel drafter), if loaded
         self.where = ""  # where the target runs if not just here: "RPC 10.0.0.2:50052 + this machine (CPU)"
         try:
             placement = self._placement()
             target_model = self._load(target_path, self.settings.target_gpu_layers, placement)
             self.target = Target(Context(target_model, self.settings.context(self.settings.target_on_cpu)))
+            self._runners.append(self.target)
             self.draft: Draft | None = None
             if draft_path:
                 draft_model = self._load(draft_path, self.settings.draft_gpu_layers)
@@ -89,17 +93,18 @@ class ModelPair:
                     top_k=self.settings.draft_top_k,
                     vocab_limit=target_model.n_vocab,
                 )
+                self._runners.append(self.draft)
         except BaseException:
             self.close()
             raise
 
     def _placement(self) -> Placement | None:
         """The target's devices on the RPC servers and here, when servers are named."""
-        if not self.settings.rpc:
-            if self.settings.tensor_split:
+        settings = self.settings
+        if not settings.rpc:
+            if settings.tensor_split:
                 raise EngineError("--tensor-split splits the target over RPC servers: give them with --rpc.")
             return None
-        settings = self.settings
         placement = Placement(
             settings.rpc, settings.tensor_split, settings.target_gpu_layers != 0, settings.rpc_timeout
         )
@@ -126,6 +131,11 @@ class ModelPair:
     def context_used(self) -> int:
         """Tokens in the target's cache (prompt + answer so far)."""
         return len(self.target.committed)
+
+    def overlap(self, tree: DraftTree, pending: Pending) -> None:
+        """The draft's look-ahead while a target on RPC servers decodes ``tree`` (``look_ahead_during``)."""
+        look_ahead_during(self.target, self.draft, tree, pending)
+
     def set_up_draft(self, setup: DraftSetup) -> ParallelDrafter | None:
         """Make the draft what a planner drafts with (``Planner.draft_setup``): the plain draft, or a
         ParallelSpec drafter — with the GGUF LoRA adapter ``setup.adapter`` (its metadata gives K and
@@ -138,7 +148,7 @@ class ModelPair:
                 raise EngineError("ParallelSpec needs a draft model; this pair was loaded without one.")
             return None
         if not setup.masks:
-            self._use_adapter(None)
+            self._use_adapter(self.draft, None)
             self.draft.mask_ids = ()
             return None
         model = self.draft.model
@@ -151,7 +161,7 @@ class ModelPair:
             )
         if spec.adapter and self._adapter_path() != spec.adapter:
             check_base(spec, model.path, self._draft_sha256)
-        self._use_adapter(spec.adapter)
+        self._use_adapter(self.draft, spec.adapter)
         self.draft.mask_ids = spec.mask_ids
         return spec
 
@@ -163,15 +173,15 @@ class ModelPair:
     def _adapter_path(self) -> str | None:
         return self._adapter.path if self._adapter is not None else None
 
-    def _use_adapter(self, path: str | None) -> None:
+    def _use_adapter(self, draft: Draft, path: str | None) -> None:
         if self._adapter_path() == path:
             return
-        adapter = LoraAdapter(self.draft.model, path) if path else None
-        self.draft.ctx.use_adapter(adapter)
+        adapter = LoraAdapter(draft.model, path) if path else None
+        draft.ctx.use_adapter(adapter)
         if self._adapter is not None:
             self._adapter.close()
         self._adapter = adapter
-        CachedModel.sync(self.draft, [])  # the base sync: Draft.sync wants a pending root token
+        CachedModel.sync(draft, [])  # the base sync: Draft.sync wants a pending root token
 
     def forget(self) -> None:
         """Empty both KV caches: the next prompt is decoded from scratch, so what the caches held before
@@ -181,10 +191,10 @@ class ModelPair:
                 CachedModel.sync(runner, [])  # the base sync: Draft.sync wants a pending root token
 
     def close(self) -> None:
-        for runner in (getattr(self, "draft", None), getattr(self, "target", None)):
-            if runner is not None:
-                runner.close()
-        if getattr(self, "_adapter", None) is not None:  # after the contexts, before its model
+        for runner in reversed(self._runners):  # the draft first
+            runner.close()
+        self._runners = []
+        if self._adapter is not None:  # after the contexts, before its model
             self._adapter.close()
             self._adapter = None
         for model in self._models:

@@ -114,7 +114,8 @@ def child(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-repack", action="store_true")
     parser.add_argument("--gpu-layers", type=int, default=0)
     args = parser.parse_args(argv)
-    from ._llama import Context, ContextSettings, Model
+    from ._context import Context, ContextSettings
+    from ._model import Model
 
     model = Model(args.model, n_gpu_layers=args.gpu_layers, repack=not args.no_repack)
     ctx = Context(model, ContextSettings(n_ctx=256, n_batch=64, n_seq_max=1, n_threads=0))

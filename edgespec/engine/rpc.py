@@ -107,7 +107,7 @@ def _library():
 # -- the watchdog ---------------------------------------------------------------------------------------
 @dataclass
 class _Job:
-    fn: object
+    fn: Callable[..., object]
     args: tuple
     done: threading.Event = field(default_factory=threading.Event)
     finished: bool = False

@@ -16,9 +16,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..planner.tree import DraftTree
-from ._llama import Context
+from ._context import Context
 from .interrupts import Cancelled
-from .layout import TreeLayout, tree_layout
+from .layout import tree_layout
+from .ports import Joined, Pending, Prefilled, Verified
+from .rows import RowsVerified
 
 # Tokens a cancellable decode (a prompt a client may abandon) takes at a time: a client that leaves
 # frees the model within one chunk's decode; 512 (n_batch) would be the whole of most prompts. Chunks
@@ -43,6 +45,11 @@ class CachedModel:
         return self.ctx.n_ctx
 
     @property
+    def llama_seconds(self) -> float:
+        """Time inside this model's decodes so far (a running total: take differences)."""
+        return self.ctx.decode_seconds
+
+    @property
     def remote(self) -> bool:
         """Whether its layers run on RPC servers (a decode waits on the network: work may overlap it)."""
         return self.ctx.remote
@@ -64,30 +71,37 @@ class CachedModel:
         del self.committed[keep:]
         return keep
 
-    def decode_committed(
-        self, tokens: Sequence[int], want_last: bool, meanwhile=None, cancel=None
-    ) -> np.ndarray | None:
+    def decode_committed(self, tokens: Sequence[int], want_last: bool, cancel=None) -> np.ndarray | None:
         """Decode a chain of tokens into the committed prefix (every tagged sequence id); returns the last
-        token's logits row when asked. ``meanwhile``: as ``Context.decode``'s, for the last chunk.
-        ``cancel`` (an event): checked before each chunk of ``CANCEL_CHUNK`` tokens; once set, what is
-        decoded stays committed and ``Cancelled`` is raised."""
+        token's logits row when asked. ``cancel`` (an event): checked before each chunk of
+        ``CANCEL_CHUNK`` tokens; once set, what is decoded stays committed and ``Cancelled`` is raised."""
+        return self.start_committed(tokens, want_last, cancel, overlap=False).result()
+
+    def start_committed(
+        self, tokens: Sequence[int], want_last: bool, cancel=None, overlap: bool = True
+    ) -> Pending[np.ndarray | None]:
+        """``decode_committed`` with its last chunk begun (``Context.start_decode``), not waited for."""
         step = self.ctx.settings.n_batch if cancel is None else min(CANCEL_CHUNK, self.ctx.settings.n_batch)
+        if not tokens:
+            return Pending.ready(None)
         for start in range(0, len(tokens), step):
             if cancel is not None and cancel.is_set():
                 raise Cancelled
-            chunk = tokens[start : start + step]
+            chunk = [int(t) for t in tokens[start : start + step]]
             base = len(self.committed)
             final = start + step >= len(tokens)
-            self.ctx.decode(
-                chunk,
-                range(base, base + len(chunk)),
-                [self.tagged_seqs] * len(chunk),
-                [want_last and final and i == len(chunk) - 1 for i in range(len(chunk))],
-                meanwhile=meanwhile if final else None,
-            )
+            want = [want_last and final and i == len(chunk) - 1 for i in range(len(chunk))]
+            positions, seqs = range(base, base + len(chunk)), [self.tagged_seqs] * len(chunk)
+            pending = self.ctx.start_decode(chunk, positions, seqs, want, overlap and final)
             self.sizes_decoded.add(len(chunk))
-            self.committed.extend(int(t) for t in chunk)
-        return self.ctx.logits_rows(1)[0] if want_last and tokens else None
+            if not final:
+                pending.result()
+                self.committed.extend(chunk)
+        return pending.then(lambda _: self._extend(chunk, want_last))
+
+    def _extend(self, chunk: list[int], want_last: bool) -> np.ndarray | None:
+        self.committed.extend(chunk)
+        return self.ctx.logits_rows(1)[0] if want_last else None
 
     def _tag_prefix(self, n_ids: int, end: int) -> None:
         """Grow w to ``n_ids``: tag the committed cells [0, ``end``) with each new id (from id 0, which
@@ -119,6 +133,13 @@ class CachedModel:
                     self.ctx.seq_cp(keep_seq, seq, start, end)
 
 
+def _one_row(row: np.ndarray | None) -> RowsVerified:
+    """The output of a chain's last token (a chain of at least one token, decoded with ``want_last``)."""
+    if row is None:
+        raise ValueError("no token was decoded (engine bug)")
+    return RowsVerified(row[None, :])
+
+
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """How many leading tokens ``a`` and ``b`` share."""
     n = 0
@@ -138,58 +159,59 @@ class Target(CachedModel):
         self.turn_tokens = self.model.turn_tokens()
         self.verify_seconds = 0.0  # the last tree's verify (what a look-ahead may overlap)
         self.plain_seconds = 0.0  # the last plain decode's (``decode_root``)
+        self._layout = tree_layout((-1,))  # the last verified tree's (``commit`` keeps a path of it)
 
-    def prefill(self, prompt: Sequence[int], meanwhile=None, cancel=None) -> tuple[np.ndarray, int]:
+    def start_prefill(self, prompt: Sequence[int], cancel=None) -> Pending[Prefilled]:
         """Hold ``prompt``, keeping the longest prefix of ``prompt[:-1]`` already held and decoding the
-        rest, its last token with logits: returns that row (the distribution of the reply's first token;
-        valid until the next decode) and how many tokens were kept. ``meanwhile``, ``cancel``: as
-        ``decode_committed``'s."""
+        rest, its last token with logits (the distribution of the reply's first token; valid until the
+        next decode); ``cancel``: as ``decode_committed``'s."""
         keep = self.keep_prefix(prompt[:-1])
-        return self.decode_committed(prompt[keep:], want_last=True, meanwhile=meanwhile, cancel=cancel), keep
+        pending = self.start_committed(prompt[keep:], want_last=True, cancel=cancel)
+        return pending.then(lambda row: Prefilled(_one_row(row), keep))
 
-    def decode_root(self, root: int, meanwhile=None) -> np.ndarray:
-        """Plain decoding: the root alone, straight into the committed prefix (``meanwhile``: as for
-        ``verify``); returns its logits row."""
-        row = self.decode_committed([root], want_last=True, meanwhile=meanwhile)
-        self.plain_seconds = self.ctx.last_decode
-        return row
+    def decode_root(self, root: int) -> RowsVerified:
+        """Plain decoding: the root alone, straight into the committed prefix."""
+        return self._start_root(root, overlap=False).result()
 
-    def verify(
-        self, tree: DraftTree, root_row: np.ndarray | None = None, meanwhile=None
-    ) -> tuple[TreeLayout, np.ndarray]:
-        """Decode the packed tree; returns its layout and the (n, V) logits rows, one per node.
+    def _start_root(self, root: int, overlap: bool) -> Pending[RowsVerified]:
+        def done(row: np.ndarray | None) -> RowsVerified:
+            self.plain_seconds = self.ctx.last_decode
+            return _one_row(row)
 
-        ``root_row``: the root is already committed by ``decode_root`` (mcsd-target-init) and this is
-        its row; only the drafted nodes are packed, at the same positions and sequence ids.
-        ``meanwhile(done)``: work overlapping the decode when the target is on RPC servers
-        (``Context.decode``): the draft's look-ahead.
-        """
-        layout = tree_layout(tree.parent_ids)
+        return self.start_committed([root], want_last=True, overlap=overlap).then(done)
+
+    def start_verify(self, tree: DraftTree, root: Verified | None = None) -> Pending[Verified]:
+        """Decode the packed tree: one output per node (``ports.Target.start_verify``). Over RPC the
+        decode runs while the caller works (the draft's look-ahead, ``ModelPair.overlap``)."""
+        layout = self._layout = tree_layout(tree.parent_ids)
         self._tag_prefix(layout.n_leaves, len(self.committed))  # every leaf id sees the prefix
-        if root_row is not None:
+        if root is not None:  # the root is committed (mcsd-target-init): only the drafted nodes
+            root = root.detach()  # kept past this decode
             if tree.size == 1:
-                return layout, root_row[None, :]
+                return Pending.ready(root)
             n, base = tree.size - 1, len(self.committed) - 1  # base: the committed root's position
             self.ctx.decode(tree.tokens[1:], base + layout.depth[1:], layout.seq_ids[1:], [True] * n)
             self.sizes_decoded.add(n)
-            return layout, np.vstack([root_row[None, :], self.ctx.logits_rows(n)])
+            return Pending.ready(Joined(root, RowsVerified(self.ctx.logits_rows(n))))
         if tree.size == 1:  # nothing drafted: plain decoding, committed at once
-            return layout, self.decode_root(tree.token_ids[0])[None, :]
+            return self._start_root(tree.token_ids[0], overlap=True)
         positions = len(self.committed) + layout.depth
-        self.ctx.decode(tree.tokens, positions, layout.seq_ids, [True] * tree.size, meanwhile=meanwhile)
-        self.verify_seconds = self.ctx.last_decode
+        pending = self.ctx.start_decode(tree.tokens, positions, layout.seq_ids, [True] * tree.size)
         self.sizes_decoded.add(tree.size)
-        return layout, self.ctx.logits_rows(tree.size)
 
-    def commit(
-        self, tree: DraftTree, layout: TreeLayout, path: Sequence[int], root_committed: bool = False
-    ) -> None:
-        """Keep exactly the accepted path (root first) in the cache (the root is already there when
-        ``root_committed``)."""
-        if tree.size == 1:  # verify() or decode_root() already committed the root
+        def done(_) -> Verified:
+            self.verify_seconds = self.ctx.last_decode
+            return RowsVerified(self.ctx.logits_rows(tree.size))
+
+        return pending.then(done)
+
+    def commit(self, tree: DraftTree, path: Sequence[int], root_committed: bool = False) -> None:
+        """Keep exactly the accepted path (root first) of the tree verified last in the cache (the root
+        is already there when ``root_committed``)."""
+        if tree.size == 1:  # start_verify() or decode_root() already committed the root
             return
         skip = int(root_committed)
         base = len(self.committed) - skip  # the root's position
-        leaf = layout.leaf_below[path[-1]]
-        self._keep_branch(leaf, range(layout.n_leaves), base + skip, base + len(path))
+        leaf = self._layout.leaf_below[path[-1]]
+        self._keep_branch(leaf, range(self._layout.n_leaves), base + skip, base + len(path))
         self.committed.extend(tree.token_ids[node] for node in path[skip:])

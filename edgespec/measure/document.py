@@ -32,8 +32,12 @@ import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .. import __version__
+
+if TYPE_CHECKING:
+    from ..engine import EngineSettings
 from ..models.store import model_identity
 from ..profile.store import cpu_model, llama_version
 
@@ -64,7 +68,7 @@ CPU_FEATURES = (
 )
 
 
-def hardware_info(settings) -> dict:
+def hardware_info(settings: EngineSettings) -> dict:
     from ..engine import cpu_flags, supports_gpu_offload, system_info
 
     flags = cpu_flags()
@@ -75,9 +79,9 @@ def hardware_info(settings) -> dict:
         "machine": platform.machine(),
         "gpus": gpu_names(),
         "gpu_offload_supported": supports_gpu_offload(),
-        "target_gpu_layers": getattr(settings, "target_gpu_layers", 0),
-        "draft_gpu_layers": getattr(settings, "draft_gpu_layers", 0),
-        "threads": getattr(settings, "threads", 0) or os.cpu_count(),
+        "target_gpu_layers": settings.target_gpu_layers,
+        "draft_gpu_layers": settings.draft_gpu_layers,
+        "threads": settings.threads or os.cpu_count(),
         "llama_system_info": system_info().strip(),
     }
 

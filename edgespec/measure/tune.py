@@ -315,13 +315,12 @@ def target_log_likelihood(pair, prompt: Sequence[int], tokens: Sequence[int]) ->
     node = 0
     for token in tokens[:-1]:
         node = chain.add(node, token, 1.0)
-    _, rows = target.verify(chain.freeze())
-    logits = rows.astype(np.float64)  # (n, V)
-    peak = logits.max(axis=1)
-    log_norm = peak + np.log(np.exp(logits - peak[:, None]).sum(axis=1))  # log Σ_v e^{l_v} per row
-    chosen = logits[np.arange(len(tokens)), np.asarray(tokens)]
+    out = target.start_verify(chain.freeze()).result()
+    softmax = SamplingParams(temperature=1.0)
+    # log p(tokens[i] | the chain before it): the softmax at node i
+    chosen = [np.log(out.probs(i, softmax)[token]) for i, token in enumerate(tokens)]
     target.sync(list(prompt[:-1]))
-    return float(np.mean(chosen - log_norm))
+    return float(np.mean(chosen))
 
 
 def _row(

@@ -169,7 +169,7 @@ def profile_key(pair) -> dict:
         "cpu": cpu_model(),
         "cpu_identity": hashlib.sha256(cpu_identity().encode()).hexdigest()[:16],
     }
-    if getattr(settings, "rpc", None):  # the target over RPC: its servers (and the split) are the machine
+    if settings.rpc:  # the target over RPC: its servers (and the split) are the machine
         key["rpc"] = {"servers": list(settings.rpc), "tensor_split": list(settings.tensor_split)}
     return key
 
@@ -226,7 +226,7 @@ def time_target(pair, base: list[int], n: int) -> float:
     filler = context_tokens(target.model.n_vocab, n + 7)[7:]
     tree = chain_tree([base[-1], *filler[: n - 1]])
     start = perf_counter()
-    target.verify(tree)
+    target.start_verify(tree).result()
     return perf_counter() - start
 
 

@@ -18,8 +18,9 @@ def llama_rows(
     gguf_path: str, tokens: Sequence[int], adapter: str | None = None, threads: int = 1
 ) -> np.ndarray:
     """(len(tokens), V) logits of a causal decode of ``tokens`` by llama.cpp, with ``adapter`` if given."""
-    from ..engine._llama import Context, ContextSettings, Model
+    from ..engine._context import Context, ContextSettings
     from ..engine._lora import LoraAdapter
+    from ..engine._model import Model
 
     model = Model(str(gguf_path), repack=False)
     try:

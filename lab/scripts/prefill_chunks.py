@@ -31,7 +31,7 @@ def main() -> None:
                 runners.CANCEL_CHUNK = chunk
                 pair.forget()
                 start = time.perf_counter()
-                pair.target.prefill(prompt, cancel=threading.Event())
+                pair.target.start_prefill(prompt, cancel=threading.Event()).result()
                 seconds[chunk].append(time.perf_counter() - start)
                 print(f"{len(prompt)} tokens in chunks of {chunk}: {seconds[chunk][-1]:.2f} s", flush=True)
         ratios = [b / a for a, b in zip(seconds[512], seconds[128])]

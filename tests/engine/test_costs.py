@@ -179,15 +179,15 @@ def test_over_rpc_every_target_size_is_decoded_once_before_it_is_timed(monkeypat
     allocation sizes of the new shapes' tensors): the profile times sizes only after it was paid."""
     pair = ChatFakePair(n_seq=17)
     pair.target.ctx.remote = True
-    one_off, seen, verify = 0.05, set(), pair.target.verify
+    one_off, seen, start_verify = 0.05, set(), pair.target.start_verify
 
     def verify_paying_once_per_size(tree, *args, **kwargs):
         if tree.size not in seen:
             seen.add(tree.size)
             time.sleep(one_off)
-        return verify(tree, *args, **kwargs)
+        return start_verify(tree, *args, **kwargs)
 
-    monkeypatch.setattr(pair.target, "verify", verify_paying_once_per_size)
+    monkeypatch.setattr(pair.target, "start_verify", verify_paying_once_per_size)
     profile = costs.measure(pair, sizes=(1, 2, 8, 12, 16), catchup_sizes=(1,), repeats=2)
     assert seen == {1, 2, 8, 12, 16}
     assert all(hi < one_off / 2 for lo, hi in profile.spread["target"].values())  # no timed sample paid it

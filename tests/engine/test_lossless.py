@@ -15,8 +15,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgespec.decoding import decoder, verify
+from edgespec.decoding import verify
 from edgespec.decoding.sampling import SamplingParams
+from edgespec.engine import rows
 from edgespec.planner import dyspec
 from edgespec.planner.tree import node_rng
 from tests.support.lossless import (
@@ -166,9 +167,9 @@ def test_harness_catches_parallelspec_children_not_drawn_from_q(monkeypatch):
 def test_harness_catches_a_verifier_that_ignores_top_k_and_top_p(monkeypatch):
     """The verifier given the target's plain softmax (temperature only) instead of its sampling
     distribution: tokens the target's top-K / top-P cut are emitted."""
-    target_probs = decoder.target_probs
+    target_probs = rows.target_probs
     monkeypatch.setattr(
-        decoder, "target_probs", lambda row, params: target_probs(row, SamplingParams(params.temperature))
+        rows, "target_probs", lambda row, params: target_probs(row, SamplingParams(params.temperature))
     )
     result = run(planner_for("chain", PAIR), PAIR, DEFECT_STEPS, seed=6)
     print(f"\nno top-K / top-P: p(first) = {result.p_first:.3g}, p(later) = {result.p_later:.3g}")

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from edgespec.engine import DEFAULT_MASK_IDS, EngineSettings, ModelPair, read_adapter
-from edgespec.engine._llama import Context, ContextSettings, Model
+from edgespec.engine._context import Context, ContextSettings
+from edgespec.engine._model import Model
 from edgespec.engine.draft import Draft
 from edgespec.engine.parallel import file_sha256
 from edgespec.engine.rows import draft_dists

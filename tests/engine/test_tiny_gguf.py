@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgespec.decoding import decoder
 from edgespec.decoding.decoder import Request, generate
 from edgespec.engine import EngineSettings, ModelPair
 from edgespec.engine import draft as draft_module
@@ -63,16 +62,16 @@ def test_the_rows_read_from_llama_cpp_reduce_as_the_full_vocabulary_reference(ti
     """Every ``draft_dists`` call of a generation (the draft's levels, the target's root candidates), on
     the rows as llama.cpp's logits buffer holds them: the ids and probabilities of a full sort and a
     float64 softmax of the same rows."""
-    calls = []
+    calls, draft_dists = [], row_module.draft_dists
 
     def recording(logits_rows, k, temperature, vocab_limit, exclude=()):
-        found = row_module.draft_dists(logits_rows, k, temperature, vocab_limit, exclude)
+        found = draft_dists(logits_rows, k, temperature, vocab_limit, exclude)
         calls.append((np.array(logits_rows), k, temperature, vocab_limit, found))
         return found
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(draft_module, "draft_dists", recording)
-        patch.setattr(decoder, "draft_dists", recording)
+        patch.setattr(row_module, "draft_dists", recording)
         for text in PROMPTS:
             list(
                 generate(

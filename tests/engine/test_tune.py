@@ -270,7 +270,8 @@ def test_target_log_likelihood_matches_token_by_token_decoding():
     answer = [3, 9, 4, 11, 7]
     got = tuning.target_log_likelihood(pair, PROMPT, answer)
     pair.target.sync(PROMPT[:-1])
-    rows = np.stack([pair.target.decode_root(t).copy() for t in [PROMPT[-1], *answer[:-1]]]).astype(float)
+    chain = [PROMPT[-1], *answer[:-1]]
+    rows = np.stack([pair.target.decode_root(t).rows[0].copy() for t in chain]).astype(float)
     peak = rows.max(axis=1, keepdims=True)
     log_p = rows - peak - np.log(np.exp(rows - peak).sum(axis=1, keepdims=True))  # log softmax per row
     assert got == pytest.approx(float(np.mean(log_p[np.arange(len(answer)), answer])), rel=1e-9)

@@ -142,7 +142,8 @@ def draft_path() -> str:
 
 @pytest.mark.model
 def test_two_threads_on_one_context_get_an_error_not_a_crash(draft_path):
-    from edgespec.engine._llama import Context, ContextSettings, Model
+    from edgespec.engine._context import Context, ContextSettings
+    from edgespec.engine._model import Model
 
     model = Model(draft_path)
     ctx = Context(model, ContextSettings(n_ctx=1024, n_batch=512, n_seq_max=1, n_threads=1))

@@ -70,7 +70,7 @@ def test_tree_batch_logits_match_each_path_decoded_alone(pair, batch_noise):
     a row's index in the batch (rows 0–3 and the rest take different kernels)."""
     prompt = chat_prompt(pair, ENGINE_PROMPTS[0])
     pair.target.sync(prompt[:-1])
-    row = pair.target.decode_root(prompt[-1]).copy()
+    row = pair.target.decode_root(prompt[-1]).rows[0].copy()
     first, second = (int(t) for t in np.argsort(-row)[:2])
     # root ─┬─ a ─┬─ c ── e
     #       │     └─ d
@@ -85,7 +85,7 @@ def test_tree_batch_logits_match_each_path_decoded_alone(pair, batch_noise):
     frozen = tree.freeze()
     assert len(frozen.leaves) == 3
     pair.target.sync(prompt[:-1])
-    _, rows = pair.target.verify(frozen)
+    rows = pair.target.start_verify(frozen).result().rows
     tree_rows = rows.copy()
     worst = 0.0
     for node in range(frozen.size):
@@ -96,7 +96,7 @@ def test_tree_batch_logits_match_each_path_decoded_alone(pair, batch_noise):
             token = int(frozen.tokens[i]) if i in ancestors else 1000 + i
             others.add(int(frozen.parents[i]), token, 1.0)
         pair.target.sync(prompt[:-1])
-        _, other_rows = pair.target.verify(others.freeze())
+        other_rows = pair.target.start_verify(others.freeze()).result().rows
         np.testing.assert_array_equal(
             tree_rows[node], other_rows[node], err_msg=f"node {node} sees a non-ancestor"
         )
@@ -123,7 +123,7 @@ def _single_token_logits(target, prompt, sequence, chunk: int) -> np.ndarray:
     body = sequence[len(prompt) - 1 : -1]
     for start in range(0, len(body), chunk):
         target.decode_committed(body[start : start + chunk], want_last=False)
-    return target.decode_root(sequence[-1]).copy()  # a view into the context: copy before the next decode
+    return target.decode_root(sequence[-1]).rows[0].copy()  # a view into the context: copy it now
 
 
 @pytest.mark.slow
@@ -171,7 +171,7 @@ def test_kv_cache_after_300_speculative_steps_equals_a_fresh_decode():
 
         sequence = list(target_model.committed)
         target_model.sync(sequence[:-1])  # drops only the last cell; the rest is the speculative KV
-        spec_logits = target_model.decode_root(sequence[-1]).copy()
+        spec_logits = target_model.decode_root(sequence[-1]).rows[0].copy()
         chain_logits = _single_token_logits(target_model, prompt, sequence, chunk=8)
         single_logits = _single_token_logits(target_model, prompt, sequence, chunk=1)
         rebuilt_cells = {"target": _cells(target_model)}  # now exactly the committed cells

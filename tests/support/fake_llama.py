@@ -13,10 +13,13 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from time import perf_counter
+from typing import cast
 
 import numpy as np
 
-from edgespec.engine._llama import ContextSettings
+from edgespec.engine._context import Context, ContextSettings
+from edgespec.engine.draft import look_ahead_during
+from edgespec.engine.ports import Pending
 
 VOCAB = 48
 EOS = 0
@@ -77,13 +80,20 @@ class FakeContext:
         self._rng = random.Random(rng_seed)
 
     # -- decode -----------------------------------------------------------------------------------
-    remote = False  # a model on RPC servers: ``meanwhile`` runs while it decodes
-    ahead_polls: tuple[int, ...] = (3,)  # how often ``meanwhile`` may ask "done?" and hear no (cycled)
+    remote = False  # a model on RPC servers: work may overlap its decodes (``start_decode``)
+    ahead_polls: tuple[int, ...] = (3,)  # how often the work meanwhile may ask "done?" and hear no (cycled)
 
-    def decode(self, tokens, positions, seq_ids, want_logits, meanwhile=None) -> None:
-        if meanwhile is not None and self.remote:  # the real one overlaps; the order does not matter
-            polls = self.ahead_polls[self.decodes % len(self.ahead_polls)]
-            meanwhile(_Countdown(polls))
+    def start_decode(self, tokens, positions, seq_ids, want_logits, overlap: bool = True) -> Pending[None]:
+        """As the real one: over "RPC" (``remote``) the decode is pending while the caller works — here it
+        is over at once, and its ``done`` says no ``ahead_polls`` times (the order does not matter: the
+        work meanwhile is another context's)."""
+        polls = self.ahead_polls[self.decodes % len(self.ahead_polls)]
+        self.decode(tokens, positions, seq_ids, want_logits)
+        if overlap and self.remote:
+            return Pending(_Countdown(polls), lambda: None)
+        return Pending.ready(None)
+
+    def decode(self, tokens, positions, seq_ids, want_logits) -> None:
         start = perf_counter()
         tokens, positions = [int(t) for t in tokens], [int(p) for p in positions]
         seq_ids = [tuple(int(s) for s in ids) for ids in seq_ids]
@@ -177,7 +187,7 @@ class _Countdown:
 
 
 class FakePair:
-    """The ModelPair shape over fake contexts."""
+    """A pair of the engine's own Target and Draft over fake contexts."""
 
     def __init__(self, n_seq: int = 65, n_ctx: int = 4096, draft_noise: float = 1.0, top_k: int = 8):
         from edgespec.engine.draft import Draft
@@ -185,15 +195,23 @@ class FakePair:
         from edgespec.engine.runners import Target
 
         settings = ContextSettings(n_ctx=n_ctx, n_batch=512, n_seq_max=n_seq)
-        self.target = Target(FakeContext(FakeModel(), settings, rng_seed=1))
-        self.draft = Draft(FakeContext(FakeModel(noise=draft_noise), settings, rng_seed=2), top_k=top_k)
-        self.max_nodes = n_seq
+        # the fake contexts stand in for llama.cpp's (``engine._context.Context``)
+        self.target = Target(cast(Context, FakeContext(FakeModel(), settings, rng_seed=1)))
+        draft_context = FakeContext(FakeModel(noise=draft_noise), settings, rng_seed=2)
+        self.draft = Draft(cast(Context, draft_context), top_k=top_k)
         self.settings = EngineSettings(n_ctx=n_ctx, max_tree_nodes=n_seq - 1)
+
+    @property
+    def max_nodes(self) -> int:
+        return self.target.n_seq
 
     def set_up_draft(self, setup) -> None:
         """As ``ModelPair.set_up_draft``: untrained masks are the vocabulary's last ids (no adapters)."""
         assert not setup.adapter, "the fake pair has no LoRA adapters"
         self.draft.mask_ids = tuple(range(VOCAB - 4, VOCAB))[: setup.masks]
+
+    def overlap(self, tree, pending) -> None:
+        look_ahead_during(self.target, self.draft, tree, pending)
 
     def close(self) -> None:
         pass

@@ -46,7 +46,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edgespec.decoding.sampling import SamplingParams, target_probs
+from edgespec.decoding.sampling import SamplingParams
+from edgespec.engine.rows import target_probs
 from edgespec.planner.costmodel import CostModel
 from edgespec.planner.strategies import STRATEGY_NAMES
 from edgespec.planner.strategies import build as make_planner
@@ -168,7 +169,7 @@ class _Replay(Planner):
         self.name, self.needs_draft = planner.name, planner.needs_draft
         self.needs_target_root = planner.needs_target_root
 
-    def plan(self, root_token, drafter, ctx, root_dist=None) -> DraftTree:
+    def plan(self, root_token, drafter, ctx) -> DraftTree:
         return self.tree
 
 
@@ -184,14 +185,15 @@ def _fixed_tree(planner, pair: SyntheticPair, history, seed: int) -> DraftTree |
     for stream in (seed, seed + 1):
         engine = SyntheticEngine(pair.target, pair.draft, COSTS)
         engine.reset(history, ROOT)
-        ctx = PlanContext(True, np.random.default_rng(stream), engine.max_nodes, history, True)
-        engine.draft.begin_step(SAMPLING.temperature)
+        root_dist = None
         if planner.needs_target_root:
             p = target_probs(np.log(pair.target[ROOT]).astype(np.float32), SAMPLING)
             order = np.argsort(-p, kind="stable")[: np.count_nonzero(p)].astype(np.int32)
-            trees.append(planner.plan(ROOT, engine.draft, ctx, root_dist=SparseDist(order, p[order])))
-        else:
-            trees.append(planner.plan(ROOT, engine.draft, ctx))
+            root_dist = SparseDist(order, p[order])
+        rng = np.random.default_rng(stream)
+        ctx = PlanContext(True, rng, engine.max_nodes, history, True, root_dist=root_dist)
+        engine.draft.begin_step(SAMPLING.temperature)
+        trees.append(planner.plan(ROOT, engine.draft, ctx))
     deterministic = set(trees[0].child_rule.tolist()) <= {ChildRule.NONE, ChildRule.TOP}
     return trees[0] if deterministic and _shape(trees[0]) == _shape(trees[1]) else None
 

@@ -13,7 +13,8 @@ import pytest
 
 from edgespec.decoding.chat import ChatSettings, Message, prompt_tokens
 from edgespec.decoding.decoder import Request, generate
-from edgespec.decoding.sampling import SamplingParams, target_probs
+from edgespec.decoding.sampling import SamplingParams
+from edgespec.engine.rows import target_probs
 from edgespec.measure.prompts import ENGINE_PROMPTS
 from edgespec.planner.tree import ChildRule, chain_tree
 
@@ -93,7 +94,7 @@ def assert_sampled_in_nucleus(events: list, rows: list, params, note: str = "") 
 def decode_one_by_one(pair, prefix: list[int], tokens: list[int]) -> np.ndarray:
     """Rows of ``tokens`` decoded one token per llama_decode after ``prefix`` (single-token numerics)."""
     pair.target.sync(prefix)
-    return np.stack([pair.target.decode_root(token).copy() for token in tokens])
+    return np.stack([pair.target.decode_root(token).rows[0].copy() for token in tokens])
 
 
 def measure_batch_noise(pair) -> float:
@@ -106,11 +107,11 @@ def measure_batch_noise(pair) -> float:
         pair.target.sync(prompt[:-1])
         chain = [prompt[-1]]
         for _ in range(15):  # the greedy continuation, decoded one token at a time
-            chain.append(int(np.argmax(pair.target.decode_root(chain[-1]))))
+            chain.append(int(np.argmax(pair.target.decode_root(chain[-1]).rows[0])))
         alone = decode_one_by_one(pair, prompt[:-1], chain)
         for size in (2, 3, 4, 5, 8, 9, 12, 16):
             pair.target.sync(prompt[:-1])  # drops the speculative cells: the same KV state again
-            _, rows = pair.target.verify(chain_tree(chain[:size]))
+            rows = pair.target.start_verify(chain_tree(chain[:size])).result().rows
             worst = max(worst, float(np.abs(rows - alone[:size]).max()))
     print(f"\nbatch-noise bound (max |Δlogit|, rows of a batch vs single-token decoding): {worst:.4f}")
     return worst

@@ -6,7 +6,7 @@ instead of llama.cpp, and a virtual clock that the decodes advance by a cost mod
         step = engine.step(planner, root, params, rng)          # plan → verify → decide → commit → observe
 
 The target's row after a node is log p(· | the node's token); the decoder turns it into the target's
-sampling distribution (temperature, top-K, top-P: ``sampling.target_probs``) itself. The draft's
+sampling distribution (temperature, top-K, top-P: ``engine.rows.target_probs``) itself. The draft's
 distribution after a node is ``draft_dists[token]``. Each decode advances the clock by the cost
 curves' seconds — c_t(n) for a verify of n tokens, c_d(m) for a draft level of m nodes, c_k(n) for the
 draft's catch-up on n pending tokens — so the step's timings are those a machine with these curves
@@ -24,6 +24,8 @@ import numpy as np
 
 from edgespec.decoding import decoder
 from edgespec.decoding.sampling import SamplingParams
+from edgespec.engine import ports
+from edgespec.engine.rows import RowsVerified
 from edgespec.planner.costmodel import CostModel
 from edgespec.planner.tree import DraftTree, SparseDist, TreeBuilder
 
@@ -47,16 +49,35 @@ class _Ctx:
     decode_seconds: float = 0.0  # the model's time inside its decodes (a running total)
 
 
+class _Vocab:
+    """Token a reads as the text "<a>"; none ends a turn."""
+
+    def piece(self, token: int) -> bytes:
+        return f"<{token}>".encode()
+
+    def is_eog(self, token: int) -> bool:
+        return False
+
+
 class SyntheticTarget:
-    remote = False  # as ``engine.Target``'s: its layers on this machine
+    """The ``ports.Target`` over a Markov target: its output after a node is ``RowsVerified`` of the
+    logits rows of the nodes' tokens."""
 
     def __init__(self, p: np.ndarray, costs: CostModel, clock: VirtualClock):
         self.logits = np.log(p).astype(np.float32)  # row a: the target's logits after token a
         self.costs, self.clock, self.ctx = costs, clock, _Ctx()
+        self.model = _Vocab()
         self.committed: list[int] = []
         self.turn_tokens: frozenset[int] = frozenset()
         self.sizes_decoded: set[int] = set()  # as ``engine.Target``'s
-        self.n_ctx = 1 << 30
+
+    @property
+    def n_ctx(self) -> int:
+        return 1 << 30
+
+    @property
+    def llama_seconds(self) -> float:
+        return self.ctx.decode_seconds
 
     def _decode(self, n: int) -> None:
         self.sizes_decoded.add(n)
@@ -64,23 +85,32 @@ class SyntheticTarget:
         self.clock.now += seconds
         self.ctx.decode_seconds += seconds
 
-    def decode_root(self, root: int, meanwhile=None) -> np.ndarray:
-        """``meanwhile``: never called (as ``verify``)."""
+    def start_prefill(self, prompt: Sequence[int], cancel=None) -> ports.Pending[ports.Prefilled]:
+        self._decode(len(prompt))
+        self.committed = list(prompt)
+        return ports.Pending.ready(ports.Prefilled(RowsVerified(self.logits[prompt[-1] : prompt[-1] + 1]), 0))
+
+    def decode_root(self, root: int) -> ports.Verified:
         self._decode(1)
         self.committed.append(int(root))
-        return self.logits[root]
+        return RowsVerified(self.logits[root : root + 1])
 
-    def verify(self, tree: DraftTree, root_row: np.ndarray | None = None, meanwhile=None):
-        """``meanwhile``: never called (a target on this machine: nothing overlaps its decode)."""
-        self._decode(tree.size - (root_row is not None))
-        return None, self.logits[np.asarray(tree.token_ids)]
+    def start_verify(
+        self, tree: DraftTree, root: ports.Verified | None = None
+    ) -> ports.Pending[ports.Verified]:
+        """Over at once (a target on this machine: nothing overlaps its decode)."""
+        if tree.size == 1 and root is None:  # plain decoding: committed at once
+            return ports.Pending.ready(self.decode_root(tree.token_ids[0]))
+        self._decode(tree.size - (root is not None))
+        return ports.Pending.ready(RowsVerified(self.logits[np.asarray(tree.token_ids)]))
 
-    def commit(self, tree: DraftTree, layout, path: Sequence[int], root_committed: bool = False) -> None:
-        self.committed.extend(tree.token_ids[node] for node in path[int(root_committed) :])
+    def commit(self, tree: DraftTree, path: Sequence[int], root_committed: bool = False) -> None:
+        if tree.size > 1:
+            self.committed.extend(tree.token_ids[node] for node in path[int(root_committed) :])
 
 
 class SyntheticDraft:
-    """The ``Drafter`` over a Markov draft, with the engine's catch-up: tokens the target committed that
+    """The ``ports.Draft`` over a Markov draft, with the engine's catch-up: tokens the target committed that
     the draft has not decoded are decoded with the next root (c_k(pending) seconds)."""
 
     def __init__(self, dists: Sequence[SparseDist], costs: CostModel, clock: VirtualClock):
@@ -89,8 +119,6 @@ class SyntheticDraft:
         self.vocab_limit = len(dists)
         self.pending: list[int] = []
         self.decode_seconds, self.decodes = 0.0, 0
-        self.reused, self.ahead_seconds = 0, 0.0  # no look-ahead: the target is on this machine
-        self.guess = None
         self._decoded: set[tuple[int, ...]] = set()  # token paths decoded this step
 
     def _decode(self, seconds: float) -> None:
@@ -98,6 +126,21 @@ class SyntheticDraft:
         self.ctx.decode_seconds += seconds
         self.decode_seconds += seconds
         self.decodes += 1
+
+    @property
+    def llama_seconds(self) -> float:
+        return self.ctx.decode_seconds
+
+    @property
+    def work(self) -> ports.DraftWork:
+        return ports.DraftWork(self.decode_seconds, self.decodes)  # no look-ahead: the target is here
+
+    def defer(self, tokens: Sequence[int]) -> int:
+        self.pending = [int(t) for t in tokens]
+        return 0
+
+    def drop_ahead(self) -> None:
+        pass
 
     def begin_step(self, temperature: float) -> None:
         self.decode_seconds, self.decodes, self._decoded = 0.0, 0, set()
@@ -141,17 +184,27 @@ class SyntheticDraft:
 
 @dataclass
 class SyntheticEngine:
-    """The ``ModelPair`` shape the decoder's step reads."""
+    """The ``ports.Pair`` over the synthetic target and draft."""
 
     p: np.ndarray  # (V, V) the target's p(· | previous token)
     draft_dists: Sequence[SparseDist]  # [a]: the draft after token a
     costs: CostModel  # the machine's (true) cost curves, which the clock follows
-    max_nodes: int = 64
+    nodes: int = 64  # the largest tree (``max_nodes``)
     clock: VirtualClock = field(default_factory=VirtualClock)
 
     def __post_init__(self) -> None:
         self.target = SyntheticTarget(self.p, self.costs, self.clock)
         self.draft = SyntheticDraft(self.draft_dists, self.costs, self.clock)
+
+    @property
+    def max_nodes(self) -> int:
+        return self.nodes
+
+    def set_up_draft(self, setup) -> None:
+        assert not setup.masks, "the synthetic draft drafts level by level only"
+
+    def overlap(self, tree: DraftTree, pending) -> None:
+        pass  # a target on this machine: nothing overlaps its decode
 
     def reset(self, history: Sequence[int], root: int) -> None:
         """The conversation before ``root`` is in both caches; the draft has yet to decode the root."""

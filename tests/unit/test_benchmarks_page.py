@@ -96,10 +96,10 @@ def test_the_page_says_what_the_cpu_itself_has_where_the_run_recorded_it(tmp_pat
 
 
 def test_a_run_records_the_cpus_own_instruction_sets():
-    from edgespec.engine import cpu_flags
+    from edgespec.engine import EngineSettings, cpu_flags
     from edgespec.measure.document import CPU_FEATURES, hardware_info
 
-    recorded = hardware_info(None)["cpu_features"]
+    recorded = hardware_info(EngineSettings())["cpu_features"]
     assert recorded == [f for f in CPU_FEATURES if f in cpu_flags()]
     assert ("avx2" in recorded) == ("avx2" in Path("/proc/cpuinfo").read_text())
 

@@ -1,16 +1,12 @@
-"""Models and contexts: every call into a loaded model lives here (llama-cpp-python 0.3.36 low-level API;
-the backend as a whole — start-up, build features, the AMX guard — is ``_backend.py``).
-
-Thin owning wrappers in the style of llama-cpp-python's own ``_internals``: each C resource has one
-owner with ``close()``, and non-zero return codes become ``EngineError`` with what to do.
+"""A llama context over a loaded model (``_model.py``): batches, decodes, logits rows, the KV cache's
+sequences (llama-cpp-python 0.3.36 low-level API; ``llama-cpp-tree-batching.md`` for the rules).
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from time import perf_counter
 from typing import TYPE_CHECKING
@@ -19,163 +15,15 @@ import llama_cpp as C
 import numpy as np
 
 from ..errors import EngineError
-from ._backend import _ensure_backend, amx_guard
-from .gguf_header import n_layers
-from .plain_text import as_text
+from ._model import Model, _Exclusive, native, release
+from .ports import Pending
 
 if TYPE_CHECKING:
     from ._lora import LoraAdapter
-    from .rpc import Placement
+
+Ints = Sequence[int] | np.ndarray  # token ids or positions: a list, a range or an array
 
 LLAMA_MAX_SEQ = 256  # llama.cpp's compile-time limit on sequence ids per context
-
-
-class _Exclusive:
-    """One caller at a time. llama.cpp's model and context objects are not thread-safe: two threads
-    decoding (or one decoding while another frees) corrupt memory. A second caller gets an
-    ``EngineError`` at once instead — a misuse becomes a message, not a segfault."""
-
-    def __init__(self, what: str):
-        self.what = what
-        self._lock = threading.Lock()
-
-    def __enter__(self) -> None:
-        if not self._lock.acquire(blocking=False):
-            raise EngineError(
-                f"{self.what} is already in use by another thread: one model pair serves one generation at "
-                "a time. This is an edgespec bug: please report it with what you were doing."
-            )
-
-    def __exit__(self, *exc) -> None:
-        self._lock.release()
-
-
-class Model:
-    """A loaded GGUF (weights + vocabulary)."""
-
-    def __init__(
-        self, path: str, n_gpu_layers: int = 0, repack: bool = True, placement: Placement | None = None
-    ):
-        """``placement``: the RPC servers' devices and this machine's (engine/rpc.py); None: here only."""
-        _ensure_backend()
-        params = C.llama_model_default_params()
-        params.n_gpu_layers = n_gpu_layers
-        # Extra buffer types are the repacked CPU kernels and, in an AMX build on an AMX CPU, the
-        # crashing AMX ones: off there (see amx_guard), on elsewhere unless asked otherwise.
-        self.repack = repack and not amx_guard()
-        params.use_extra_bufts = self.repack
-        self.path = path
-        self.placement = placement
-        self._owner = _Exclusive(f"the model {os.path.basename(path)}")
-        if placement is not None:
-            placement.check_fit(path)
-            placement.apply(params, n_layers(path))
-        load = native(placement, C.llama_model_load_from_file, "loading the target")
-        self.ptr = load(path.encode("utf-8"), params)
-        if not self.ptr and placement is not None:
-            raise EngineError(placement.load_failed(path))
-        if not self.ptr:
-            raise EngineError(
-                f"llama.cpp could not load {path}. Check that the file is a complete GGUF "
-                "(`edgespec models verify`) and that this llama-cpp-python build supports its architecture; "
-                "set EDGESPEC_LLAMA_LOG=1 to see llama.cpp's own messages."
-            )
-        self.vocab = C.llama_model_get_vocab(self.ptr)
-        self.n_vocab = int(C.llama_vocab_n_tokens(self.vocab))
-
-    def close(self) -> None:
-        with self._owner:
-            if self.ptr:
-                release(self.placement, C.llama_model_free, self.ptr)
-                self.ptr = None
-
-    def _live(self) -> None:
-        # Vocabulary reads are thread-safe in llama.cpp (immutable after load); use after free is not.
-        if not self.ptr:
-            raise EngineError(f"the model {self.path} was already closed; load it again to continue.")
-
-    # -- vocabulary -------------------------------------------------------------------------------
-    @property
-    def vocab_type(self) -> int:
-        return int(C.llama_vocab_type(self.vocab))
-
-    def token_text(self, token: int) -> bytes:
-        self._live()
-        return C.llama_vocab_get_text(self.vocab, token) or b""
-
-    def is_eog(self, token: int) -> bool:
-        return bool(C.llama_vocab_is_eog(self.vocab, token))
-
-    def turn_tokens(self) -> frozenset[int]:
-        """End-of-generation and control tokens (``<|im_end|>``, ``<|im_start|>``, …): where a turn of
-        the conversation ends or the chat template speaks. A pass over the vocabulary (~0.1 s for 152k
-        ids): the target reads it once, at load."""
-        self._live()
-        vocab, control, eog = self.vocab, C.llama_vocab_is_control, C.llama_vocab_is_eog
-        return frozenset(t for t in range(self.n_vocab) if control(vocab, t) or eog(vocab, t))
-
-    def fim_tokens(self) -> tuple[int, int, int] | None:
-        """Fill-in-the-middle's prefix, suffix and middle tokens (``<|fim_prefix|>`` …), or None when
-        the vocabulary has none."""
-        ids = tuple(
-            int(f(self.vocab)) for f in (C.llama_vocab_fim_pre, C.llama_vocab_fim_suf, C.llama_vocab_fim_mid)
-        )
-        return None if min(ids) < 0 else ids
-
-    def meta(self, key: str) -> str | None:
-        self._live()
-        buf = ctypes.create_string_buffer(512)
-        n = C.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
-        return buf.value.decode("utf-8", errors="replace") if n >= 0 else None
-
-    def n_ctx_train(self) -> int:
-        return int(C.llama_model_n_ctx_train(self.ptr))
-
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        self._live()
-        data = text.encode("utf-8")
-        cap = len(data) + 16
-        buf = (C.llama_token * cap)()
-        n = C.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
-        if n < 0:
-            cap = -n
-            buf = (C.llama_token * cap)()
-            n = C.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
-        # without special-token parsing, text is text: even the added tokens it spells (plain_text.py)
-        return list(buf[:n]) if parse_special else as_text(self, text, list(buf[:n]), add_special)
-
-    def piece(self, token: int, special: bool = False) -> bytes:
-        self._live()
-        buf = ctypes.create_string_buffer(64)
-        n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
-        return buf.raw[:n]
-
-    def chat_template(self) -> str | None:
-        self._live()
-        tmpl = C.llama_model_chat_template(self.ptr, None)
-        return tmpl.decode("utf-8") if tmpl else None
-
-    def apply_chat_template(self, messages: Sequence[dict[str, str]], add_assistant: bool = True) -> str:
-        self._live()
-        tmpl = C.llama_model_chat_template(self.ptr, None)
-        if not tmpl:
-            raise EngineError(
-                f"{self.path} has no chat template; use `edgespec generate --raw` for plain text."
-            )
-        keep = [(m["role"].encode(), m["content"].encode()) for m in messages]
-        chat = (C.llama_chat_message * len(keep))(*[C.llama_chat_message(r, c) for r, c in keep])
-        cap = sum(len(c) for _, c in keep) * 2 + 1024
-        buf = ctypes.create_string_buffer(cap)
-        n = C.llama_chat_apply_template(tmpl, chat, len(keep), add_assistant, buf, cap)
-        if n > cap:
-            buf = ctypes.create_string_buffer(n + 1)
-            n = C.llama_chat_apply_template(tmpl, chat, len(keep), add_assistant, buf, n + 1)
-        if n < 0:
-            raise EngineError(f"llama.cpp does not know the chat template of {self.path}.")
-        return buf.raw[:n].decode("utf-8", errors="replace")
 
 
 @dataclass(frozen=True)
@@ -238,41 +86,56 @@ class Context:
 
     # -- decoding ---------------------------------------------------------------------------------
     def decode(
+        self, tokens: Ints, positions: Ints, seq_ids: Sequence[Sequence[int]], want_logits: Sequence[bool]
+    ) -> None:
+        """One ``llama_decode`` of a batch given token by token (parents before children)."""
+        self.start_decode(tokens, positions, seq_ids, want_logits, overlap=False).result()
+
+    def start_decode(
         self,
-        tokens: Sequence[int],
-        positions: Sequence[int],
+        tokens: Ints,
+        positions: Ints,
         seq_ids: Sequence[Sequence[int]],
         want_logits: Sequence[bool],
-        meanwhile: Callable[[threading.Event], None] | None = None,
-    ) -> None:
-        """One ``llama_decode`` of a batch given token by token (parents before children).
-
-        ``meanwhile(done)``: work to do while a model on RPC servers decodes — the decode runs on the
-        link's worker thread (``rpc.py``) and ``done`` is set when it is over; the decode's result is
-        waited for after it. Not called for a model on this machine (it would compete for the cores)."""
+        overlap: bool = True,
+    ) -> Pending[None]:
+        """``decode`` begun: for a model on RPC servers (and ``overlap``) it runs on the link's worker
+        thread (``rpc.py``) while the caller works (the draft looks ahead), else it is over on return.
+        The context is this caller's until ``result()``. Not overlapped on this machine: work meanwhile
+        would compete for the cores."""
         n = len(tokens)
         if n > self.settings.n_batch:
             raise EngineError(f"a batch of {n} tokens exceeds n_batch={self.settings.n_batch}")
-        with self._owner:
+        self._owner.__enter__()  # released by ``_finish``
+        try:
             self._live()
             self._fill(tokens, positions, seq_ids, want_logits)
             start = perf_counter()
             placement = self.model.placement
-            if meanwhile is None or placement is None:
+            if not overlap or placement is None:
                 rc = self._decode(self.ptr, self._batch)  # waits for a GPU's asynchronous work too
                 self.last_decode = perf_counter() - start
-            else:
-                done, wait = placement.start(self._timed_decode, (start,), "decoding")
-                try:
-                    meanwhile(done)
-                finally:
-                    rc = wait()
+                self._finish(rc, n, start)
+                return Pending.ready(None)
+            done, wait = placement.start(self._timed_decode, (start,), "decoding")
+        except BaseException:
+            self._owner.__exit__()
+            raise
+        return Pending(done, lambda: self._finish(wait, n, start))
+
+    def _finish(self, rc, n: int, start: float) -> None:
+        """A decode's end, ``rc`` its return code (or the function waiting for it on the RPC worker): the
+        time counted, the context released."""
+        try:
+            rc = rc() if callable(rc) else rc
+        finally:
             self.decode_seconds += perf_counter() - start
+            self._owner.__exit__()
         if rc != 0:
             raise EngineError(_decode_failure(rc, n, self.n_ctx))
 
     def _timed_decode(self, start: float) -> int:
-        """The decode as the RPC worker runs it, its own duration kept (``meanwhile`` may outlast it)."""
+        """The decode as the RPC worker runs it, its own duration kept (the caller's work may outlast it)."""
         rc = _decode_and_wait(self.ptr, self._batch)
         self.last_decode = perf_counter() - start
         return rc
@@ -313,7 +176,7 @@ class Context:
             if adapter is not None:
                 adapter._live()
             n = int(adapter is not None)  # llama.cpp takes arrays: one adapter, or none
-            adapters = (C.llama_adapter_lora_p_ctypes * 1)(adapter.ptr) if n else None
+            adapters = (C.llama_adapter_lora_p_ctypes * 1)(adapter.ptr) if adapter is not None else None
             C.llama_set_adapters_lora(self.ptr, adapters, n, (ctypes.c_float * 1)(scale) if n else None)
 
     # -- KV memory --------------------------------------------------------------------------------
@@ -374,19 +237,6 @@ def _decode_and_wait(ctx, batch) -> int:
     rc = C.llama_decode(ctx, batch)
     C.llama_synchronize(ctx)  # a GPU backend computes asynchronously: the wait is decode time
     return rc
-
-
-def native(placement: Placement | None, fn, what: str):
-    """``fn`` for a model on this machine; on RPC devices, ``fn`` under the link's watchdog (rpc.py)."""
-    return fn if placement is None else placement.guard(fn, what)
-
-
-def release(placement: Placement | None, fn, ptr) -> None:
-    """Free ``ptr`` with ``fn`` (on RPC devices: unless a server was lost; then it leaks)."""
-    if placement is None:
-        fn(ptr)
-    else:
-        placement.release(fn, ptr)
 
 
 def _decode_failure(rc: int, n_tokens: int, n_ctx: int) -> str:
