@@ -199,6 +199,9 @@ class _NoDraft:
     def parallel_dists(self, tree: TreeBuilder, k: int) -> list[SparseDist]:
         raise RuntimeError("a planner that needs no draft asked for a parallel pass (planner bug)")
 
+    def piece(self, token: int) -> bytes:
+        raise RuntimeError("a planner that needs no draft read the draft's vocabulary (planner bug)")
+
     def known(self, path: Sequence[int]) -> bool:
         return False
 

@@ -111,6 +111,9 @@ class Draft(CachedModel):
     def work(self) -> DraftWork:
         return DraftWork(self.decode_seconds, self.decodes, self.reused, self.ahead_seconds, self.guess)
 
+    def piece(self, token: int) -> bytes:
+        return self.model.piece(token)
+
     def known(self, path: Sequence[int]) -> bool:
         return not self.pending and tuple(int(t) for t in path) in self.ahead.left
 

@@ -265,6 +265,11 @@ class Drafter(Protocol):
 
     def expand(self, tree: TreeBuilder, nodes: Sequence[int]) -> list[SparseDist]: ...
 
+    def piece(self, token: int) -> bytes:
+        """The text of ``token`` as the draft's vocabulary spells it (UTF-8 bytes: maybe part of a
+        character). The worked example of a new draft capability (docs/architecture.md)."""
+        ...
+
     def parallel_dists(self, tree: TreeBuilder, k: int) -> list[SparseDist]:
         """ParallelSpec: one draft decode of the root and k [MASK] tokens after it; the k + 1
         distributions of depths 1 … k + 1 (the root's row, then [MASK]_1 … [MASK]_k's). Called on a

@@ -25,10 +25,10 @@ def sparse(
     probs: Sequence[float] | np.ndarray, ids: Sequence[int] | None = None, top_k: int | None = None
 ) -> SparseDist:
     """A ``SparseDist`` from (full-softmax) probabilities over ids (default: 0..n-1), sorted, top-k."""
-    probs = np.asarray(probs, dtype=np.float64)
-    ids = np.arange(probs.shape[0]) if ids is None else np.asarray(ids)
-    order = np.argsort(-probs, kind="stable")[: top_k or probs.shape[0]]
-    return SparseDist(ids=ids[order].astype(np.int32), probs=probs[order])
+    p = np.asarray(probs, dtype=np.float64)
+    token_ids = np.arange(p.shape[0]) if ids is None else np.asarray(ids)
+    order = np.argsort(-p, kind="stable")[: top_k or p.shape[0]]
+    return SparseDist(ids=token_ids[order].astype(np.int32), probs=p[order])
 
 
 def random_dist_fn(
@@ -83,6 +83,9 @@ class SyntheticDrafter:
 
     def known(self, path: Sequence[int]) -> bool:
         return False  # no look-ahead here
+
+    def piece(self, token: int) -> bytes:
+        return f"<{token}>".encode()
 
     def expand(self, tree: TreeBuilder, nodes: Sequence[int]) -> list[SparseDist]:
         done = self._expanded.setdefault(tree, set())

@@ -135,6 +135,9 @@ class SyntheticDraft:
     def work(self) -> ports.DraftWork:
         return ports.DraftWork(self.decode_seconds, self.decodes)  # no look-ahead: the target is here
 
+    def piece(self, token: int) -> bytes:
+        return f"<{token}>".encode()
+
     def defer(self, tokens: Sequence[int]) -> int:
         self.pending = [int(t) for t in tokens]
         return 0
