@@ -12,7 +12,7 @@ The chat app runs these steps itself (it switches pairs and strategies while it 
 them once through ``start_session`` and answers every request with the ``ChatSession`` it returns.
 
 The protocols are the seam: a ``ChatEngine`` is anything that streams ``StepEvent``s for chat messages
-(``PairEngine`` wraps a ``ModelPair``; tests/tui_fakes.py has a fake), and a ``Backend`` anything that
+(``PairEngine`` wraps a ``ModelPair``; tests/support/tui_fakes.py has a fake), and a ``Backend`` anything that
 loads one (``ChatBackend``; the fake's ``FakeBackend``), so the app, the server and their tests run
 the same code. Modules that need llama_cpp are imported inside functions: importing this module needs
 neither llama_cpp nor Textual.

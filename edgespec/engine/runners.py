@@ -38,7 +38,7 @@ class CachedModel:
         self.n_seq = ctx.settings.n_seq_max
         self.tagged_seqs: tuple[int, ...] = (0,)  # the ids every committed cell carries: 0 … w−1
         self.committed: list[int] = []
-        self.sizes_decoded: set[int] = set()  # batch sizes decoded (the target's: ``PlanContext.warm``)
+        self.sizes_decoded: set[int] = set()  # batch sizes decoded (the target's: ``Prepaid.sizes``)
 
     @property
     def n_ctx(self) -> int:

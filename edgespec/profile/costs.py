@@ -5,7 +5,7 @@ tree of n tokens (root included, every row output; n = 1 is plain decoding); ``d
 of n nodes (one batched decode and the top-k of its rows: ``Draft.expand``); ``catchup``, the draft
 decoding n committed tokens in a row (what it pays after plain steps).
 
-Measured through the engine's public API only (``Target.verify`` of chain trees, ``Draft.expand`` of
+Measured through the engine's public API only (``Target.start_verify`` of chain trees, ``Draft.expand`` of
 one level, ``decode_committed``), rolled back with ``sync``. A subset of sizes is measured with
 repeats, sizes interleaved (forwards, then backwards) so that drift spreads evenly; the median of
 the repeats is kept and the rest of 1…64 is interpolated. Every size up to 33 (a 32-node tree and its

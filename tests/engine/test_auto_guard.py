@@ -1,6 +1,6 @@
 """`auto`'s guard (planner/auto/guard.py): within an answer, speculation that delivers fewer tokens per
 second than plain decoding stops, even where the cost model says it pays — on the decoder's own step
-over a synthetic engine whose clock follows the *true* cost curves (tests/synthetic_engine.py), while
+over a synthetic engine whose clock follows the *true* cost curves (tests/support/synthetic_engine.py), while
 auto decides with a *wrong* profile it is not allowed to correct. And where speculation pays, the guard
 keeps out of the way; and a passage that turns copyable is caught again.
 """
@@ -262,7 +262,7 @@ class AllSizes:
 
 def test_over_rpc_a_batch_sizes_first_verify_is_no_evidence_that_speculation_loses():
     """Taken as evidence, the first trees' one-off verifies stop auto's drafts and copies within a few
-    steps, and the answer runs plainly; told which sizes are new (``PlanContext.warm``), auto leaves
+    steps, and the answer runs plainly; told which sizes are new (``Prepaid.sizes``), auto leaves
     them out of the guard's evidence and its cost factors, and beats plain decoding."""
     link = CostModel.from_functions(
         lambda n: C1 * (1 + 0.08 * (n - 1)), lambda m: 0.3 * C1 * (1 + 0.1 * (m - 1))

@@ -1,6 +1,6 @@
 """The chat facade (edgespec.session) that `edgespec chat` and `edgespec serve` share, without models:
-its protocols driven by the chat app's fake backend (tests/tui_fakes.py), and the real ``ChatBackend``
-loading through the model store onto the fake pair (tests/fake_llama.py).
+its protocols driven by the chat app's fake backend (tests/support/tui_fakes.py), and the real ``ChatBackend``
+loading through the model store onto the fake pair (tests/support/fake_llama.py).
 """
 
 from __future__ import annotations

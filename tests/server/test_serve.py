@@ -1,7 +1,8 @@
 """`edgespec serve` without models: request validation, SSE framing, auth, errors, the queue, cancelling.
 
 The real Starlette app and uvicorn on a loopback port, with the worker thread driving the chat app's
-fake engine (tests/tui_fakes.py). The same server on the real bundled pair: tests/test_serve_real.py.
+fake engine (tests/support/tui_fakes.py). The same server on the real bundled pair:
+tests/real/test_serve_real.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The chat app, headless (``App.run_test`` + Pilot) on a fake backend, plus its pure helpers.
 
-The fake (tests/tui_fakes.py) yields real StepEvents — draft trees, provenance, timings — through the
+The fake (tests/support/tui_fakes.py) yields real StepEvents — draft trees, provenance, timings — through the
 same generation worker and messages as the llama.cpp backend. One test runs the real bundled pair.
 """
 
