@@ -16,7 +16,7 @@ from time import perf_counter
 import numpy as np
 
 from ..engine.interrupts import Cancelled
-from ..engine.ports import Draft, DraftWork, Pair, Target, Verified, Vocab
+from ..engine.ports import Draft, DraftWork, Pair, Pending, Target, Verified, Vocab
 from ..planner.tree import DraftTree, PlanContext, Planner, Prepaid, SparseDist, TreeBuilder
 from .events import EmittedToken, Provenance, StepEvent, StepTimings
 from .sampling import SamplingParams, sample
@@ -48,17 +48,17 @@ def generate(
     rng = np.random.default_rng(request.sampling.seed)
     start = perf_counter()
     root = int(request.prompt[-1])
-    draft, look_ahead = None, False
+    draft = None
     if planner is not None and planner.needs_draft:
         pair.set_up_draft(planner.draft_setup())  # the plain draft, or a parallel drafter (ParallelSpec)
-        draft, look_ahead = pair.draft, planner.may_look_ahead
+        draft = pair.draft
     if draft is not None:
         draft.defer(request.prompt)  # read with the first draft level: after the first token
         draft.begin_step(request.sampling.temperature)
     # The prompt's new part in one target decode, its last token with logits: the first token's row.
     try:
         pending = pair.target.start_prefill(request.prompt, cancel)
-        if draft is not None and look_ahead:
+        if draft is not None and _may_overlap(planner, pending):
             # over RPC the draft catches up and guesses past the prompt while the target decodes it
             _overlap(pair, TreeBuilder(root).freeze(), pending)
         prefilled = pending.result()
@@ -251,7 +251,7 @@ def speculative_step(
     tree, plan_seconds = plan(draft, planner, root, params.temperature, ctx)
     start = perf_counter()
     pending = target.start_verify(tree, root_out)  # pack + the one target decode
-    if planner.needs_draft and planner.may_look_ahead:
+    if _may_overlap(planner, pending):
         _overlap(pair, tree, pending)  # over RPC the draft looks ahead (or catches up) meanwhile
     out = pending.result()
     verified = perf_counter()
@@ -300,6 +300,15 @@ def speculative_step(
 def _llama_seconds(target: Target, draft: Draft) -> float:
     """Time both models have spent inside their decodes so far (a running total: take differences)."""
     return target.llama_seconds + draft.llama_seconds
+
+
+def _may_overlap(planner: Planner | None, pending: Pending) -> bool:
+    """Whether the draft may work while the target decodes: only while the decode is still running (a
+    target on RPC servers; here it is over already) and where the planner says drafting meanwhile
+    pays (``Planner.may_look_ahead``, asked only then: auto's answer costs a forecast)."""
+    if pending.done.is_set() or planner is None:
+        return False
+    return planner.needs_draft and planner.may_look_ahead
 
 
 def _overlap(pair: Pair, tree: DraftTree, pending) -> None:
