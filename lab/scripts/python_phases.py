@@ -24,6 +24,7 @@ from edgespec.decoding import decoder
 from edgespec.decoding.chat import ChatSettings, Message, prompt_tokens
 from edgespec.engine import Draft, Target
 from edgespec.engine import draft as draft_module
+from edgespec.engine import rows as rows_module
 from edgespec.engine.pair import EngineSettings
 from edgespec.models.pairs import open_pair, resolve_pair
 from edgespec.planner import tree as tree_mod
@@ -64,9 +65,9 @@ def timed(owner, name: str, label: str, decodes_in_c: bool = False) -> None:
 
 for owner, name, label in [
     (draft_module, "draft_dists", "draft_dists (top-k rows)"),
-    (decoder, "argmax_margin", "argmax_margin"),
+    (rows_module, "argmax_margin", "argmax_margin"),
     (Draft, "expand", "Draft.expand"),
-    (Target, "verify", "Target.verify (pack)"),
+    (Target, "start_verify", "Target.start_verify (pack)"),
     (Target, "commit", "Target.commit"),
     (Draft, "commit", "Draft.commit"),
     (decoder, "decide", "decide (verification rule)"),

@@ -14,6 +14,7 @@ import pytest
 from edgespec.decoding.chat import ChatSettings, Message, prompt_tokens
 from edgespec.decoding.decoder import Request, generate
 from edgespec.decoding.sampling import SamplingParams
+from edgespec.engine.ports import Joined
 from edgespec.engine.rows import target_probs
 from edgespec.measure.prompts import ENGINE_PROMPTS
 from edgespec.planner.tree import ChildRule, chain_tree
@@ -49,21 +50,30 @@ def steps_with_rows(pair, planner, request: Request, keep=np.copy) -> tuple[list
     kept: list = []
     events: list = []
     rows: list = []
-    original = pair.target.verify
+    original = pair.target.start_verify
+
+    def record(out):
+        kept.append(keep(_rows(out)))
+        return out
 
     def recording_verify(tree, *args):
-        layout, found = original(tree, *args)
-        kept.append(keep(found))
-        return layout, found
+        return original(tree, *args).then(record)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(pair.target, "verify", recording_verify)
+        patch.setattr(pair.target, "start_verify", recording_verify)
         for event in generate(pair, planner, request):
             if event.verified_nodes:
                 events.append(event)
                 rows.append(kept.pop() if kept else None)
     assert not kept and rows[0] is None
     return events, rows
+
+
+def _rows(out) -> np.ndarray:
+    """The logits rows behind the engine's ``Verified`` (a committed root's row first, when joined)."""
+    if isinstance(out, Joined):
+        return np.vstack([_rows(out.root), _rows(out.rest)])
+    return out.rows
 
 
 def greedy_steps(pair, planner, text: str, max_tokens: int = MAX_TOKENS) -> list:
