@@ -234,7 +234,7 @@ def speculative_step(
     decoding = _llama_seconds(target, draft)
     # mcsd-target-init: the target decodes the root alone first (committing it); its output is the
     # distribution the root's children are taken from, and node 0 of the verification below.
-    root_out = target.decode_root(root).detach() if planner.needs_target_root else None
+    root_out = target.decode_root(root) if planner.needs_target_root else None  # read before the verify
     root_seconds = perf_counter() - start
     history = target.committed if root_out is None else target.committed[:-1]  # before the root
     root_dist = None if root_out is None else root_out.candidates(0, params, draft.top_k, draft.vocab_limit)
