@@ -12,7 +12,17 @@ python -m pip install -q --upgrade pip
 # llama-cpp-python with explicit CPU flags, never -march=native nor AMX (its AMX kernels crash on
 # Sapphire Rapids): built from source the first time (~9 minutes on 2 cores), cached by flags. The
 # portable (AVX2) build, so that one wheel serves both the tests and the single binary built below.
-python scripts/install_llama.py --portable
+# A CUDA build already installed (`python scripts/install_llama.py` on an NVIDIA machine) is kept
+# instead: the tests run on it, and the CPU single binary, which needs the portable build, is not
+# built (tests/real/test_binary.py skips).
+CUDA_BUILD=
+if python -c "import importlib.util as u, pathlib as p, sys; s = u.find_spec('llama_cpp')
+sys.exit(not (s and any(p.Path(s.origin).parent.joinpath('lib').glob('libggml-cuda*'))))" 2>/dev/null; then
+    CUDA_BUILD=1
+    echo "llama-cpp-python is a CUDA build: kept (not replaced by the portable CPU build); no single binary"
+else
+    python scripts/install_llama.py --portable
+fi
 python -m pip install -q -e '.[test,bundled]'
 if [ "${1:-}" = "--quick" ]; then
     shift
@@ -32,5 +42,8 @@ if [ "$(id -u)" = 0 ] && ! command -v busybox >/dev/null; then
     (apt-get update -qq && apt-get install -y -qq busybox-static) >/dev/null 2>&1 ||
         echo "busybox-static not installed: the chroot test will skip"
 fi
-python scripts/build_binary.py
-EDGESPEC_BINARY="$PWD/dist/edgespec" python -m pytest -q -rs "$@"
+if [ -z "$CUDA_BUILD" ]; then
+    python scripts/build_binary.py
+    export EDGESPEC_BINARY="$PWD/dist/edgespec"
+fi
+python -m pytest -q -rs "$@"
