@@ -11,7 +11,7 @@ from typing import Any
 
 from .decoding.checks import check_sampling
 from .decoding.sampling import SamplingParams
-from .engine.pair import EngineSettings
+from .engine.pair import EngineSettings, reductions_from_env
 from .errors import EdgespecError
 from .models.pairs import ResolvedPair, open_pair, resolve_pair
 from .planner import strategies
@@ -60,6 +60,14 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         help="llama.cpp's fused attention (auto, the default: off for a model wholly on the CPU, whose "
         "trees verify faster without it, llama.cpp's choice with GPU layers; on: less memory at long "
         "contexts — the 1.5B's buffers at --ctx 32768: 97 MiB instead of 848)",
+    )
+    group.add_argument(
+        "--reductions",
+        choices=("auto", "numpy", "backend"),
+        default=None,
+        help="where the target's output rows are reduced: numpy (whole rows copied), backend (llama.cpp's "
+        "samplers in the decode; numpy on RPC servers) or auto (the default: backend where the target has "
+        "GPU layers, numpy on a CPU; default: $EDGESPEC_REDUCTIONS, else auto)",
     )
     add_rpc_args(parser)
 
@@ -224,6 +232,7 @@ def engine_settings(args: argparse.Namespace) -> EngineSettings:
         max_tree_nodes=args.max_tree_nodes,
         repack=not args.no_repack,
         flash_attn={"auto": None, "on": True, "off": False}[args.flash_attn],
+        reductions=args.reductions or reductions_from_env(),
         rpc=rpc_servers(args),
         tensor_split=args.tensor_split,
         rpc_timeout=args.rpc_timeout,

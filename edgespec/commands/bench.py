@@ -244,6 +244,7 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
                 "n_ctx": settings.n_ctx,
                 "max_tree_nodes": settings.max_tree_nodes,
                 "repack": settings.repack,
+                "reductions": pair.reductions,
             },
             hardware=document.hardware_info(settings),
             cost_profile=profile.as_dict() if profile is not None else None,

@@ -105,6 +105,7 @@ def run(args) -> int:
             "pair": resolved.name,
             "strategy": args.strategy if planner is None else planner.name,
             "strategy_params": "" if planner is None else planner.describe(),
+            "reductions": pair.reductions,
             "stats": {**stats.as_dict(), "wall_seconds": wall},
             "margins": margins,
         }

@@ -55,6 +55,7 @@ def generate(
     if draft is not None:
         draft.defer(request.prompt)  # read with the first draft level: after the first token
         draft.begin_step(request.sampling.temperature)
+    pair.target.use_sampling(request.sampling)
     # The prompt's new part in one target decode, its last token with logits: the first token's row.
     try:
         pending = pair.target.start_prefill(request.prompt, cancel)

@@ -15,8 +15,11 @@ import llama_cpp as C
 import numpy as np
 
 from ..errors import EngineError
+from . import samplers
 from ._model import Model, _Exclusive, native, release
-from .ports import Pending
+from .ports import Pending, Verified
+from .rows import RowsVerified
+from .sampled import SampledVerified
 
 if TYPE_CHECKING:
     from ._lora import LoraAdapter
@@ -33,6 +36,9 @@ class ContextSettings:
     n_seq_max: int = 65  # sequence ids: one per leaf of the largest tree (≤ 256)
     n_threads: int = 0  # 0 → all cores
     flash_attn: bool | None = None  # None: llama.cpp decides (EngineSettings: off on a CPU)
+    # where output rows are reduced: "numpy" (whole logits rows), "backend" (llama.cpp's samplers,
+    # ``samplers.py``), "auto" (the backend in a GPU build); numpy always for a model on RPC servers
+    reductions: str = "numpy"
 
 
 class Context:
@@ -55,6 +61,16 @@ class Context:
         params.no_perf = True
         self.model = model
         self.settings = settings
+        self.reductions = samplers.resolve(
+            settings.reductions, model.placement is not None, bool(C.llama_supports_gpu_offload())
+        )
+        self._chains: samplers.TopKChains | None = None  # attached to every sequence id, or None
+        self._backend_ready = self.reductions == "backend"  # made for backend samplers (``use_reductions``)
+        if self.reductions == "backend":
+            params.n_outputs_max_per_seq = 0  # a tree has many outputs per sequence (the default: 1)
+            self._chains = samplers.TopKChains(settings.n_seq_max, samplers.GREEDY_K)
+            configs = self._chains.configs()  # read by llama_init_from_model only
+            params.samplers, params.n_samplers = configs, len(configs)
         self.ptr = native(model.placement, C.llama_init_from_model, "creating the context")(model.ptr, params)
         if not self.ptr:
             raise EngineError(
@@ -79,6 +95,9 @@ class Context:
                 C.llama_batch_free(self._batch)
                 release(self.model.placement, C.llama_free, self.ptr)
                 self.ptr = None
+            if self._chains is not None:  # the context never frees its samplers
+                self._chains.free()
+                self._chains = None
 
     def _live(self) -> None:
         if not self.ptr:  # a NULL context would crash in C: say what happened instead
@@ -149,12 +168,72 @@ class Context:
                 row[j] = s
         batch.n_tokens = len(tokens)
 
+    # -- outputs ----------------------------------------------------------------------------------
+    @property
+    def sampled_k(self) -> int | None:
+        """The ids each output row keeps (the chains' top-k), or None: whole logits rows."""
+        return self._chains.k if self._chains is not None else None
+
+    def sample_top_k(self, k: int | None) -> None:
+        """Backend reductions from now on keep the ``k`` best ids per row (None: whole logits rows, for a
+        request that needs every logit). Fresh chains replace the old ones (a chain attaches once); each
+        change re-reserves the graph at the next decode."""
+        if self.reductions != "backend" or k == self.sampled_k:
+            return
+        with self._owner:
+            self._live()
+            old, self._chains = self._chains, None
+            if k is None:
+                samplers.detach_all(self.ptr, self.settings.n_seq_max)
+            else:
+                self._chains = samplers.TopKChains(self.settings.n_seq_max, k)
+                self._chains.attach(self.ptr)
+            if old is not None:  # no longer in the context's map: the next decode builds without them
+                old.free()
+
+    def use_reductions(self, mode: str) -> None:
+        """Switch a context made for backend reductions between them and numpy (a paired measurement:
+        lab/scripts/reductions_ab.py); the backend's chains attach again at the next ``sample_top_k``."""
+        if mode not in ("numpy", "backend") or (mode == "backend" and not self._backend_ready):
+            raise EngineError(
+                f"this context cannot switch to {mode!r} reductions: create it with reductions='backend'."
+            )
+        if mode == "numpy":
+            self.sample_top_k(None)
+        self.reductions = mode
+
+    def verified(self, n_rows: int) -> Verified:
+        """The last decode's output rows as a ``ports.Verified``: sampled rows (copies) or logits rows
+        (a view, valid until the next decode)."""
+        if self._chains is None:
+            return RowsVerified(self.logits_rows(n_rows))
+        return SampledVerified(*self.sampled_rows(n_rows), self.n_vocab)
+
+    def sampled_rows(self, n_rows: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Per output row of the last decode (``n_rows``: all of them), its sampled ids (int32) and their
+        logits (float32), copied."""
+        ids, logits = [], []
+        with self._owner:
+            self._live()
+            for i in range(-n_rows, 0):  # negative: counted back from the last output (batch order)
+                n = int(C.llama_get_sampled_candidates_count_ith(self.ptr, i))
+                if n == 0 or int(C.llama_get_sampled_logits_count_ith(self.ptr, i)) != n:
+                    raise EngineError(f"llama.cpp's sampler gave no output {i} (an edgespec bug).")
+                row_ids = C.llama_get_sampled_candidates_ith(self.ptr, i)
+                row_logits = C.llama_get_sampled_logits_ith(self.ptr, i)
+                ids.append(np.ctypeslib.as_array(row_ids, (n,)).astype(np.int32))  # copies
+                logits.append(np.ctypeslib.as_array(row_logits, (n,)).copy())
+        return ids, logits
+
     def logits_rows(self, n_rows: int) -> np.ndarray:
         """Zero-copy, read-only (n_rows, V) view of the last decode's output rows, in batch order.
 
         Valid only until this context's next ``decode`` (llama.cpp reuses, and may reallocate, the
         buffer) or ``close``: every row is reduced (argmax, top-K, dense p) before the next decode,
         except mcsd-target-init's target-root row, which the decoder copies."""
+        if self._chains is not None:  # llama.cpp copies no logits rows while every sequence is sampled
+            raise EngineError("this context reduces its rows with backend samplers: no logits rows to read "
+                              "(edgespec bug; --reductions numpy avoids it).")
         with self._owner:
             self._live()
             ptr = C.llama_get_logits(self.ptr)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import EngineError, PairingError
@@ -16,6 +16,7 @@ from .parallel import ParallelDrafter, check_base, read_adapter, untrained
 from .ports import Pending
 from .rpc import Placement
 from .runners import CachedModel, Target
+from .samplers import reductions_from_env
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,8 @@ class EngineSettings:
     draft_top_k: int = 32  # candidates kept per draft distribution
     probe_dir: Path | None = None  # where passed backend probes are remembered (None: probe every load)
     flash_attn: bool | None = None  # None: off where a model has no layer on a GPU, else llama.cpp's choice
+    # where the target's output rows are reduced (samplers.resolve): "auto" → backend with GPU layers
+    reductions: str = field(default_factory=reductions_from_env)
 
     # llama.cpp RPC servers (HOST:PORT) holding the target's layers with this machine (engine/rpc.py);
     # None: not given (a pair's models.toml entry may name some), (): this machine only
@@ -42,7 +45,7 @@ class EngineSettings:
         split target then decode with the same kernels, token for token)."""
         return self.target_gpu_layers == 0
 
-    def context(self, cpu_only: bool = True) -> ContextSettings:
+    def context(self, cpu_only: bool = True, reductions: str = "numpy") -> ContextSettings:
         """A model's context; ``cpu_only``: no layer on a GPU here.
 
         Flash attention is off on a CPU: its kernel takes each query row alone against the whole cache,
@@ -51,13 +54,16 @@ class EngineSettings:
         token and 128-400-token prefills within a few %, off the slower), and the served 6-turn
         conversation 80.2, 84.2 s vs 88.7, 91.9 s. Off holds an n_batch × n_ctx score buffer per head
         (the 1.5B's compute buffer at 32,768 tokens: 848 MiB off, 97 MiB on; ``--flash-attn on`` where
-        memory is short); GPU offload keeps llama.cpp's choice. ``flash_attn`` set: that, everywhere."""
+        memory is short); GPU offload keeps llama.cpp's choice. ``flash_attn`` set: that, everywhere.
+        ``reductions``: the target's (``samplers.resolve``; auto on a CPU: numpy). The draft's stay numpy:
+        its top-K with full-softmax probabilities has no sampler in llama.cpp (``Draft._decode_top_k``)."""
         return ContextSettings(
             n_ctx=self.n_ctx,
             n_batch=max(512, self.max_tree_nodes + 1),
             n_seq_max=min(LLAMA_MAX_SEQ, self.max_tree_nodes + 1),
             n_threads=self.threads,
             flash_attn=self.flash_attn if self.flash_attn is not None else (False if cpu_only else None),
+            reductions="numpy" if reductions == "auto" and cpu_only else reductions,
         )
 
 
@@ -82,7 +88,8 @@ class ModelPair:
         try:
             placement = self._placement()
             target_model = self._load(target_path, self.settings.target_gpu_layers, placement)
-            self.target = Target(Context(target_model, self.settings.context(self.settings.target_on_cpu)))
+            target_settings = self.settings.context(self.settings.target_on_cpu, self.settings.reductions)
+            self.target = Target(Context(target_model, target_settings))
             self._runners.append(self.target)
             self.draft: Draft | None = None
             if draft_path:
@@ -122,6 +129,11 @@ class ModelPair:
         model = Model(path, n_gpu_layers=gpu_layers, repack=self.settings.repack, placement=placement)
         self._models.append(model)
         return model
+
+    @property
+    def reductions(self) -> str:
+        """Where the target's output rows are reduced: "numpy" or "backend" (``samplers.resolve``)."""
+        return self.target.ctx.reductions
 
     @property
     def max_nodes(self) -> int:

@@ -145,6 +145,11 @@ class Target(Protocol):
         """Time spent inside decodes so far (a running total: take differences)."""
         ...
 
+    def use_sampling(self, sampling: Sampling) -> None:
+        """The sampling rule the next decodes' outputs are read under (a request's: given before its
+        prefill): the reductions they need (``engine.samplers``)."""
+        ...
+
     def start_prefill(
         self, prompt: Sequence[int], cancel: threading.Event | None = None
     ) -> Pending[Prefilled]:

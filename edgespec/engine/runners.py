@@ -19,8 +19,8 @@ from ..planner.tree import DraftTree
 from ._context import Context
 from .interrupts import Cancelled
 from .layout import tree_layout
-from .ports import Joined, Pending, Prefilled, Verified
-from .rows import RowsVerified
+from .ports import Joined, Pending, Prefilled, Sampling, Verified
+from .samplers import kept_per_row
 
 # Tokens a cancellable decode (a prompt a client may abandon) takes at a time: a client that leaves
 # frees the model within one chunk's decode; 512 (n_batch) would be the whole of most prompts. Chunks
@@ -73,17 +73,19 @@ class CachedModel:
 
     def decode_committed(self, tokens: Sequence[int], want_last: bool, cancel=None) -> np.ndarray | None:
         """Decode a chain of tokens into the committed prefix (every tagged sequence id); returns the last
-        token's logits row when asked. ``cancel`` (an event): checked before each chunk of
+        token's logits row when asked (numpy reductions). ``cancel`` (an event): checked before each chunk of
         ``CANCEL_CHUNK`` tokens; once set, what is decoded stays committed and ``Cancelled`` is raised."""
-        return self.start_committed(tokens, want_last, cancel, overlap=False).result()
+        decoded = self.start_committed(tokens, want_last, cancel, overlap=False).result()
+        return self.ctx.logits_rows(1)[0] if decoded else None
 
     def start_committed(
         self, tokens: Sequence[int], want_last: bool, cancel=None, overlap: bool = True
-    ) -> Pending[np.ndarray | None]:
-        """``decode_committed`` with its last chunk begun (``Context.start_decode``), not waited for."""
+    ) -> Pending[bool]:
+        """``decode_committed`` with its last chunk begun (``Context.start_decode``), not waited for; its
+        result: whether the last token's output was decoded (``want_last`` and a token to decode)."""
         step = self.ctx.settings.n_batch if cancel is None else min(CANCEL_CHUNK, self.ctx.settings.n_batch)
         if not tokens:
-            return Pending.ready(None)
+            return Pending.ready(False)
         for start in range(0, len(tokens), step):
             if cancel is not None and cancel.is_set():
                 raise Cancelled
@@ -99,9 +101,9 @@ class CachedModel:
                 self.committed.extend(chunk)
         return pending.then(lambda _: self._extend(chunk, want_last))
 
-    def _extend(self, chunk: list[int], want_last: bool) -> np.ndarray | None:
+    def _extend(self, chunk: list[int], want_last: bool) -> bool:
         self.committed.extend(chunk)
-        return self.ctx.logits_rows(1)[0] if want_last else None
+        return want_last
 
     def _tag_prefix(self, n_ids: int, end: int) -> None:
         """Grow w to ``n_ids``: tag the committed cells [0, ``end``) with each new id (from id 0, which
@@ -133,11 +135,11 @@ class CachedModel:
                     self.ctx.seq_cp(keep_seq, seq, start, end)
 
 
-def _one_row(row: np.ndarray | None) -> RowsVerified:
+def _last_output(ctx: Context, decoded: bool) -> Verified:
     """The output of a chain's last token (a chain of at least one token, decoded with ``want_last``)."""
-    if row is None:
+    if not decoded:
         raise ValueError("no token was decoded (engine bug)")
-    return RowsVerified(row[None, :])
+    return ctx.verified(1)
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -161,22 +163,27 @@ class Target(CachedModel):
         self.plain_seconds = 0.0  # the last plain decode's (``decode_root``)
         self._layout = tree_layout((-1,))  # the last verified tree's (``commit`` keeps a path of it)
 
+    def use_sampling(self, sampling: Sampling) -> None:
+        """The sampling rule the next decodes' outputs are read under (``ports.Target.use_sampling``):
+        what backend reductions keep per row (``samplers.kept_per_row``)."""
+        self.ctx.sample_top_k(kept_per_row(sampling))
+
     def start_prefill(self, prompt: Sequence[int], cancel=None) -> Pending[Prefilled]:
         """Hold ``prompt``, keeping the longest prefix of ``prompt[:-1]`` already held and decoding the
         rest, its last token with logits (the distribution of the reply's first token; valid until the
         next decode); ``cancel``: as ``decode_committed``'s."""
         keep = self.keep_prefix(prompt[:-1])
         pending = self.start_committed(prompt[keep:], want_last=True, cancel=cancel)
-        return pending.then(lambda row: Prefilled(_one_row(row), keep))
+        return pending.then(lambda decoded: Prefilled(_last_output(self.ctx, decoded), keep))
 
-    def decode_root(self, root: int) -> RowsVerified:
+    def decode_root(self, root: int) -> Verified:
         """Plain decoding: the root alone, straight into the committed prefix."""
         return self._start_root(root, overlap=False).result()
 
-    def _start_root(self, root: int, overlap: bool) -> Pending[RowsVerified]:
-        def done(row: np.ndarray | None) -> RowsVerified:
+    def _start_root(self, root: int, overlap: bool) -> Pending[Verified]:
+        def done(decoded: bool) -> Verified:
             self.plain_seconds = self.ctx.last_decode
-            return _one_row(row)
+            return _last_output(self.ctx, decoded)
 
         return self.start_committed([root], want_last=True, overlap=overlap).then(done)
 
@@ -192,7 +199,7 @@ class Target(CachedModel):
             n, base = tree.size - 1, len(self.committed) - 1  # base: the committed root's position
             self.ctx.decode(tree.tokens[1:], base + layout.depth[1:], layout.seq_ids[1:], [True] * n)
             self.sizes_decoded.add(n)
-            return Pending.ready(Joined(root, RowsVerified(self.ctx.logits_rows(n))))
+            return Pending.ready(Joined(root, self.ctx.verified(n)))
         if tree.size == 1:  # nothing drafted: plain decoding, committed at once
             return self._start_root(tree.token_ids[0], overlap=True)
         positions = len(self.committed) + layout.depth
@@ -201,7 +208,7 @@ class Target(CachedModel):
 
         def done(_) -> Verified:
             self.verify_seconds = self.ctx.last_decode
-            return RowsVerified(self.ctx.logits_rows(tree.size))
+            return self.ctx.verified(tree.size)
 
         return pending.then(done)
 

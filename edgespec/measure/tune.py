@@ -315,8 +315,9 @@ def target_log_likelihood(pair, prompt: Sequence[int], tokens: Sequence[int]) ->
     node = 0
     for token in tokens[:-1]:
         node = chain.add(node, token, 1.0)
-    out = target.start_verify(chain.freeze()).result()
     softmax = SamplingParams(temperature=1.0)
+    target.use_sampling(softmax)  # whole rows: backend reductions keep only a top-k
+    out = target.start_verify(chain.freeze()).result()
     # log p(tokens[i] | the chain before it): the softmax at node i
     chosen = [np.log(out.probs(i, softmax)[token]) for i, token in enumerate(tokens)]
     target.sync(list(prompt[:-1]))

@@ -19,7 +19,8 @@ import numpy as np
 
 from edgespec.engine._context import Context, ContextSettings
 from edgespec.engine.draft import look_ahead_during
-from edgespec.engine.ports import Pending
+from edgespec.engine.ports import Pending, Verified
+from edgespec.engine.rows import RowsVerified
 
 VOCAB = 48
 EOS = 0
@@ -149,6 +150,14 @@ class FakeContext:
         assert n_rows == self._rows.shape[0], (n_rows, self._rows.shape)
         return self._rows
 
+    reductions = "numpy"  # whole rows, as a real context with numpy reductions
+
+    def sample_top_k(self, k: int | None) -> None:
+        pass
+
+    def verified(self, n_rows: int) -> Verified:
+        return RowsVerified(self.logits_rows(n_rows))
+
     # -- memory -----------------------------------------------------------------------------------
     def seq_rm(self, seq: int, p0: int, p1: int = -1) -> None:
         end = p1 if p1 >= 0 else 1 << 30
@@ -188,6 +197,8 @@ class _Countdown:
 
 class FakePair:
     """A pair of the engine's own Target and Draft over fake contexts."""
+
+    reductions = "numpy"  # as ``ModelPair.reductions``
 
     def __init__(self, n_seq: int = 65, n_ctx: int = 4096, draft_noise: float = 1.0, top_k: int = 8):
         from edgespec.engine.draft import Draft

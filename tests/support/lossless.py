@@ -218,15 +218,17 @@ class Run:
 
 def run(
     planner, pair: SyntheticPair, steps: int = QUICK_STEPS, seed: int = 0, history: tuple[int, ...] = HISTORY,
-    costs: CostModel = COSTS, params: SamplingParams = SAMPLING,
+    costs: CostModel = COSTS, params: SamplingParams = SAMPLING, backend: bool = False,
 ) -> Run:  # fmt: skip
-    """``steps`` steps of the decoder from ROOT on a ``costs`` machine; counts, coverage, p-values."""
+    """``steps`` steps of the decoder from ROOT on a ``costs`` machine; counts, coverage, p-values.
+    ``backend``: the target's outputs as llama.cpp's backend samplers give them (``SyntheticTarget``)."""
     rng = np.random.default_rng(seed)
     out = Run(first=np.zeros(V, dtype=np.int64), later=np.zeros((MAX_POSITION - 1, V, V), dtype=np.int64))
     fixed = _fixed_tree(planner, pair, history, seed)
     out.fresh_trees = fixed is None
     stepper = planner if fixed is None else _Replay(planner, fixed)
-    engine = SyntheticEngine(pair.target, pair.draft, costs)
+    engine = SyntheticEngine(pair.target, pair.draft, costs, backend=backend)
+    engine.target.use_sampling(params)
     with engine.clock.running():
         for i in range(steps):
             engine.reset(history, ROOT)

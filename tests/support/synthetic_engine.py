@@ -26,6 +26,8 @@ from edgespec.decoding import decoder
 from edgespec.decoding.sampling import SamplingParams
 from edgespec.engine import ports
 from edgespec.engine.rows import RowsVerified
+from edgespec.engine.sampled import SampledVerified
+from edgespec.engine.samplers import kept_per_row
 from edgespec.planner.costmodel import CostModel
 from edgespec.planner.tree import DraftTree, SparseDist, TreeBuilder
 
@@ -61,11 +63,14 @@ class _Vocab:
 
 class SyntheticTarget:
     """The ``ports.Target`` over a Markov target: its output after a node is ``RowsVerified`` of the
-    logits rows of the nodes' tokens."""
+    logits rows of the nodes' tokens — or, ``backend``, a ``SampledVerified`` of what llama.cpp's top-k
+    sampler would return for them (``_top_k_unordered``), k as ``engine.Target.use_sampling`` chooses."""
 
-    def __init__(self, p: np.ndarray, costs: CostModel, clock: VirtualClock):
+    def __init__(self, p: np.ndarray, costs: CostModel, clock: VirtualClock, backend: bool = False):
         self.logits = np.log(p).astype(np.float32)  # row a: the target's logits after token a
         self.costs, self.clock, self.ctx = costs, clock, _Ctx()
+        self.backend = backend
+        self._kept: int | None = None  # ids the emulated sampler keeps per row (None: whole rows)
         self.model = _Vocab()
         self.committed: list[int] = []
         self.turn_tokens: frozenset[int] = frozenset()
@@ -85,15 +90,24 @@ class SyntheticTarget:
         self.clock.now += seconds
         self.ctx.decode_seconds += seconds
 
+    def use_sampling(self, sampling: ports.Sampling) -> None:
+        self._kept = kept_per_row(sampling) if self.backend else None
+
+    def _out(self, tokens: Sequence[int]) -> ports.Verified:
+        rows = self.logits[np.asarray(tokens)]
+        if self._kept is None:
+            return RowsVerified(rows)
+        return SampledVerified(*_top_k_unordered(rows, self._kept), rows.shape[1])
+
     def start_prefill(self, prompt: Sequence[int], cancel=None) -> ports.Pending[ports.Prefilled]:
         self._decode(len(prompt))
         self.committed = list(prompt)
-        return ports.Pending.ready(ports.Prefilled(RowsVerified(self.logits[prompt[-1] : prompt[-1] + 1]), 0))
+        return ports.Pending.ready(ports.Prefilled(self._out(prompt[-1:]), 0))
 
     def decode_root(self, root: int) -> ports.Verified:
         self._decode(1)
         self.committed.append(int(root))
-        return RowsVerified(self.logits[root : root + 1])
+        return self._out([root])
 
     def start_verify(
         self, tree: DraftTree, root: ports.Verified | None = None
@@ -102,11 +116,19 @@ class SyntheticTarget:
         if tree.size == 1 and root is None:  # plain decoding: committed at once
             return ports.Pending.ready(self.decode_root(tree.token_ids[0]))
         self._decode(tree.size - (root is not None))
-        return ports.Pending.ready(RowsVerified(self.logits[np.asarray(tree.token_ids)]))
+        return ports.Pending.ready(self._out(tree.token_ids))
 
     def commit(self, tree: DraftTree, path: Sequence[int], root_committed: bool = False) -> None:
         if tree.size > 1:
             self.committed.extend(tree.token_ids[node] for node in path[int(root_committed) :])
+
+
+def _top_k_unordered(rows: np.ndarray, k: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Per row its k best ids and their logits in no particular order, as ggml's top-k returns them
+    (here: best last)."""
+    best = np.argsort(rows, axis=1, kind="stable")[:, -k:]
+    ids = [row.astype(np.int32) for row in best]
+    return ids, [row[i] for row, i in zip(rows, ids)]
 
 
 class SyntheticDraft:
@@ -194,9 +216,10 @@ class SyntheticEngine:
     costs: CostModel  # the machine's (true) cost curves, which the clock follows
     nodes: int = 64  # the largest tree (``max_nodes``)
     clock: VirtualClock = field(default_factory=VirtualClock)
+    backend: bool = False  # the target's outputs as llama.cpp's backend samplers give them
 
     def __post_init__(self) -> None:
-        self.target = SyntheticTarget(self.p, self.costs, self.clock)
+        self.target = SyntheticTarget(self.p, self.costs, self.clock, self.backend)
         self.draft = SyntheticDraft(self.draft_dists, self.costs, self.clock)
 
     @property
