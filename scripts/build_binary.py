@@ -17,6 +17,14 @@ folder as a tar.gz. The first start unpacks it into ``${XDG_CACHE_HOME:-~/.cache
 It needs only ``sh``, ``tail``, ``tar`` and ``gzip``, which every Linux has.
 
     python scripts/build_binary.py [--out dist] [--allow-non-portable]
+    python scripts/build_binary.py --cuda [--out dist] [--allow-non-portable]
+
+``--cuda`` writes ``dist/edgespec-cuda`` from an environment whose llama-cpp-python is a CUDA build
+(``python scripts/install_llama.py`` on a machine with an NVIDIA GPU). The CUDA libraries that build
+links (``libcudart``, ``libcublas``: hundreds of MB) are not frozen in: the machine it runs on needs the
+NVIDIA driver and the CUDA runtime of the same major version, from the system or the ``nvidia-*`` pip
+wheels. At start the binary names a missing one in one line, with what to install, instead of a loader
+error.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -41,12 +50,77 @@ EXCLUDED = (
     "transformers", "peft", "accelerate", "safetensors", "sympy", "networkx", "tokenizers",
 )
 ENTRY = "import sys\nfrom edgespec.cli import main\nsys.exit(main())\n"
+# The CUDA binary's entry: each CUDA library the build links is looked up before anything loads it.
+# Looked up as the loader will: the system's paths, then the build's own runpath (a toolkit from PyPI).
+CUDA_ENTRY = """import ctypes, os, sys
+def found(name):
+    for folder in ("", *{runpath!r}):
+        try:
+            return ctypes.CDLL(os.path.join(folder, name))
+        except OSError:
+            pass
+for name, fix in {needs!r}:
+    if not found(name):
+        sys.exit(f"edgespec-cuda: {{name}} is missing: {{fix}}. Without an NVIDIA GPU use the CPU binary.")
+from edgespec.cli import main
+sys.exit(main())
+"""
+DRIVER = "libcuda.so.1"  # the NVIDIA driver's library: never frozen in, always needed
 
 
 def llama_lib_dir() -> Path:
     import llama_cpp
 
     return Path(llama_cpp.__file__).parent / "lib"
+
+
+def cuda_needs(readelf_dynamic: str) -> tuple[list[str], list[str]]:
+    """The CUDA libraries (``libcu*``) a library links, the driver's first, and the folders of its runpath
+    (``$ORIGIN`` aside), from ``readelf -d``'s NEEDED and RUNPATH (or RPATH) lines."""
+    names = re.findall(r"\(NEEDED\)\s+Shared library: \[(libcu[^\]]+)\]", readelf_dynamic)
+    paths = re.findall(r"\((?:RUNPATH|RPATH)\)\s+Library r(?:un)?path: \[([^\]]*)\]", readelf_dynamic)
+    folders = [f for p in paths for f in p.split(":") if f and "$ORIGIN" not in f]
+    return [DRIVER, *sorted(set(names) - {DRIVER})], folders
+
+
+def how_to_get(name: str) -> str:
+    """What to install for one CUDA library: the driver, or the runtime of the build's major version."""
+    if name == DRIVER:
+        return "install the NVIDIA driver (nvidia-smi must list the GPU)"
+    major = name.rsplit(".so.", 1)[-1].split(".")[0]
+    wheel = "nvidia-cublas" if name.startswith("libcublas") else "nvidia-cuda-runtime"
+    if major.isdigit() and int(major) < 13:  # CUDA 12's wheels are suffixed and laid out per package
+        folder = "cublas" if "cublas" in wheel else "cuda_runtime"
+        wheel, lib = f"{wheel}-cu{major}", f"nvidia/{folder}/lib"
+    else:
+        lib = f"nvidia/cu{major}/lib"
+    return (f"install the CUDA {major} runtime (the CUDA toolkit {major}.x, or `pip install {wheel}` and "
+            f"add its site-packages/{lib} to LD_LIBRARY_PATH)")
+
+
+def cuda_libs(lib_dir: Path) -> tuple[list[str], list[str]]:
+    """The CUDA libraries the CUDA build in ``lib_dir`` needs at run time and the folders its runpath
+    names (``cuda_needs``); ValueError when it is no CUDA build."""
+    cuda = sorted(lib_dir.glob("libggml-cuda.so*"))
+    if not cuda:
+        raise ValueError(
+            "this environment's llama-cpp-python has no CUDA backend: run `python scripts/install_llama.py` "
+            "on a machine with an NVIDIA GPU first (it builds with CUDA there)"
+        )
+    readelf = subprocess.run(["readelf", "-d", str(cuda[0])], capture_output=True, text=True, check=True)
+    return cuda_needs(readelf.stdout)
+
+
+def cuda_entry(needs: list[str], runpath: list[str]) -> str:
+    return CUDA_ENTRY.format(needs=[(name, how_to_get(name)) for name in needs], runpath=tuple(runpath))
+
+
+def drop_cuda_runtime(app_dir: Path, needs: list[str]) -> list[str]:
+    """Remove the CUDA libraries PyInstaller froze in (found beside the build): the system's are used."""
+    dropped = [f for f in app_dir.rglob("libcu*.so*") if any(f.name.startswith(n) for n in needs)]
+    for lib in dropped:
+        lib.unlink()
+    return sorted(f.name for f in dropped)
 
 
 def pyinstaller_args(out: Path, work: Path, entry: Path) -> list[str]:
@@ -74,25 +148,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "dist", help="output folder (default dist/)")
     parser.add_argument("--allow-non-portable", action="store_true",
                         help="freeze a llama-cpp-python built with instruction sets beyond AVX2")
+    parser.add_argument("--cuda", action="store_true",
+                        help="write edgespec-cuda from this environment's CUDA build of llama-cpp-python")
     opts = parser.parse_args(argv)
+    entry_text, name, needs = ENTRY, "edgespec", []
+    if opts.cuda:
+        try:
+            needs, runpath = cuda_libs(llama_lib_dir())
+            entry_text, name = cuda_entry(needs, runpath), "edgespec-cuda"
+        except ValueError as err:
+            print(f"build_binary.py --cuda: {err}.", file=sys.stderr)
+            return 2
 
     from edgespec.engine import compiled_features
 
     extra = sorted(f for f in compiled_features() if f.startswith(BEYOND_AVX2))
     if extra and not opts.allow_non_portable:
+        # the CUDA build has this CPU's instruction sets (install_llama.py has no portable CUDA build)
+        fix = "pass --allow-non-portable for CPUs like this one" if opts.cuda else (
+            "Run `python scripts/install_llama.py --portable` first, or pass --allow-non-portable")
         print(f"this environment's llama-cpp-python uses {', '.join(extra)}: the binary would not run on "
-              "every AVX2 CPU. Run `python scripts/install_llama.py --portable` first, or pass "
-              "--allow-non-portable.", file=sys.stderr)
+              f"every AVX2 CPU. {fix}.", file=sys.stderr)
         return 2
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", PYINSTALLER], check=True)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="edgespec-build-") as tmp:
         work = Path(tmp)
         entry = work / "edgespec_main.py"
-        entry.write_text(ENTRY)
+        entry.write_text(entry_text)
         subprocess.run([sys.executable, "-m", "PyInstaller", "--log-level", "WARN",
                         *pyinstaller_args(work / "dist", work, entry)], check=True)
-        binary = self_extracting(work / "dist" / "edgespec", opts.out / "edgespec")
+        if opts.cuda:
+            dropped = drop_cuda_runtime(work / "dist" / "edgespec", needs)
+            print(f"left out, the machine's own are used: {', '.join(dropped) or 'nothing'}")
+        binary = self_extracting(work / "dist" / "edgespec", opts.out / name)
     size = binary.stat().st_size / 2**20
     print(f"built {binary} ({size:.0f} MiB) in {time.monotonic() - started:.0f} s")
     return 0
