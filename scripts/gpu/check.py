@@ -326,6 +326,8 @@ def stage_curves(args: Namespace) -> dict:
             results.append(
                 {**kit.measure_target(target, draft, measure), "seconds": time.monotonic() - started}
             )
+            # what is measured so far survives this stage's time limit
+            (Path(args.out) / "partial.json").write_text(json.dumps(results, indent=1))
     labelled = [
         {**r, "target": f"{r['target']} ({r['target_gpu_layers']} layers on the GPU)"} for r in results
     ]
