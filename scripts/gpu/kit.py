@@ -34,8 +34,7 @@ from pathlib import Path
 from statistics import median
 from time import perf_counter
 
-from randomgguf import BUILTIN, file_size, read_tokenizer, write_random_gguf
-
+from edgespec.models.shapes import make_like
 from edgespec.profile.costs import CostProfile, measure
 
 DRAFT = "qwen2.5-0.5b"
@@ -46,16 +45,9 @@ SIZES = tuple(range(1, 65))
 
 
 def make_model(name: str, tokenizer_gguf: str, out_dir: Path, qtype: str = "Q4_K", layers: int | None = None):
-    """A random-weight GGUF shaped like ``name`` (reused when already there with the right size)."""
-    from dataclasses import replace
-
-    dims = BUILTIN[name] if layers is None else replace(BUILTIN[name], n_layer=layers)
-    tokenizer = read_tokenizer(tokenizer_gguf)
-    n_vocab = dims.n_vocab or len(tokenizer["tokenizer.ggml.tokens"])
-    path = out_dir / f"{name}-{qtype}{'' if layers is None else f'-{layers}l'}-random.gguf"
-    if not path.exists() or abs(path.stat().st_size - file_size(dims, n_vocab, qtype)) > 2**20:
-        write_random_gguf(str(path), dims, tokenizer, qtype, seed=0)
-    return path
+    """A random-weight GGUF shaped like ``name`` (the one in ``out_dir`` reused while it has that shape)."""
+    shape = f"{name}:quant={qtype}" + ("" if layers is None else f",layers={layers}")
+    return make_like(shape, out_dir, tokenizer_from=Path(tokenizer_gguf))
 
 
 def overhead(pair, strategy: str, budget: int, prompt: list[int], tokens: int) -> dict:

@@ -39,7 +39,7 @@ def test_synthetic_blocks_are_finite_and_small(qtype):
     values = data if qtype == "F16" else dequantize(data, getattr(gguf.GGMLQuantizationType, qtype))
     assert values.shape == (32, 256)
     assert np.isfinite(values).all() and 0 < np.abs(values).max() <= R.MAX_WEIGHT * 1.01
-    assert data.nbytes == R._nbytes(spec)
+    assert data.nbytes == R.nbytes(spec)
 
 
 @pytest.fixture(scope="module")

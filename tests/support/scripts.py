@@ -11,7 +11,6 @@ from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = (ROOT / "scripts", ROOT / "scripts" / "gpu")
-NEEDS = {"kit": ("randomgguf",)}  # the script modules a script imports at its top
 
 
 def load(name: str) -> ModuleType:
@@ -24,8 +23,6 @@ def load(name: str) -> ModuleType:
         if Path(getattr(loaded, "__file__", "") or "").resolve() != path:
             raise ImportError(f"{name} is already imported from elsewhere: {loaded!r}", name=name)
         return loaded
-    for needed in NEEDS.get(name, ()):
-        load(needed)
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
