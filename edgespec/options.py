@@ -35,12 +35,14 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--draft", help="draft model: a registry name or a local .gguf path")
     group.add_argument("--ctx", type=int, default=4096, help="context window in tokens (default 4096)")
     group.add_argument("--threads", type=int, default=0, help="CPU threads (default: all cores)")
-    group.add_argument(
-        "--target-gpu-layers", type=int, default=0, help="target layers offloaded to the GPU (-1: all)"
-    )
-    group.add_argument(
-        "--draft-gpu-layers", type=int, default=0, help="draft layers offloaded to the GPU (-1: all)"
-    )
+    for model in ("target", "draft"):
+        group.add_argument(
+            f"--{model}-gpu-layers",
+            type=gpu_layers,
+            default="auto",
+            help=f"{model} layers offloaded to the GPU: auto (the default: the draft whole first, then as "
+            "many target layers as fit in free GPU memory; none without a GPU), a count, or -1 (all)",
+        )
     group.add_argument(
         "--max-tree-nodes",
         type=int,
@@ -218,6 +220,18 @@ def check_model_flags(args: argparse.Namespace) -> None:
             f"--pair {pair} and --target name two different pairs: give --pair alone, or --target "
             "with --draft."
         )
+
+
+def gpu_layers(text: str) -> int | str:
+    """A ``--*-gpu-layers`` value: ``auto`` or a whole number from -1."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be auto, -1 (all) or a number of layers, not {text!r}"
+        ) from None
 
 
 def engine_settings(args: argparse.Namespace) -> EngineSettings:

@@ -42,6 +42,16 @@ MIB = 1024 * 1024
 LoadCallback = Callable[[str, int, int], None]  # (stage, done bytes, total bytes; 0 = unknown)
 
 
+def where_text(runs_on: dict[str, dict]) -> str:
+    """The status bar's word on where the models run (``ModelPair.runs_on_json``): "CPU", or each model
+    off the CPU with its device and share: "target: NVIDIA H200 29/29 · draft: NVIDIA H200 25/25"."""
+    away = {name: place for name, place in runs_on.items() if place["device"] != "CPU"}
+    if not away:
+        return "CPU"
+    share = lambda p: f" {p['gpu_layers']}/{p['layers']}" if p["gpu_layers"] else ""  # noqa: E731
+    return " · ".join(f"{name}: {place['device']}{share(place)}" for name, place in away.items())
+
+
 class ChatEngine(Protocol):
     """A loaded pair, as the chat app and the server use it. Not thread-safe: one thread drives it."""
 
@@ -222,6 +232,7 @@ class PairEngine:
         from .engine.kv_cache import PromptCache
 
         self.pair = pair
+        self.runs_on = pair.runs_on_json()  # where each model runs: the status bar, /health
         self.n_ctx = pair.target.n_ctx
         self.has_draft = pair.draft is not None
         self._with_costs: set[int] = set()  # planners that asked this pair's profile already

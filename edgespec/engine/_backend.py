@@ -71,8 +71,24 @@ def address(pointer) -> int:
     return ctypes.cast(pointer, ctypes.c_void_p).value or 0
 
 
+_HEARD: list[str] | None = None  # llama.cpp's log while ``llama_log`` listens (offload.py reads it)
+
+
+@contextlib.contextmanager
+def llama_log():
+    """The text llama.cpp logs while the block runs, as a list filled in (one thread loads at a time)."""
+    global _HEARD
+    _HEARD = heard = []
+    try:
+        yield heard
+    finally:
+        _HEARD = None
+
+
 @C.llama_log_callback
 def _SILENT_LOG(level, text, user_data):  # noqa: N802 - a C callback object
+    if _HEARD is not None:
+        _HEARD.append(text.decode("utf-8", errors="replace"))
     if os.environ.get("EDGESPEC_LLAMA_LOG"):
         print(text.decode("utf-8", errors="replace"), end="", flush=True)
 

@@ -122,6 +122,11 @@ class Model:
         n = C.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
         return buf.value.decode("utf-8", errors="replace") if n >= 0 else None
 
+    @property
+    def n_layer(self) -> int:
+        """Repeating layers (llama.cpp offloads these and then the output layer)."""
+        return int(C.llama_model_n_layer(self.ptr))
+
     def n_ctx_train(self) -> int:
         return int(C.llama_model_n_ctx_train(self.ptr))
 

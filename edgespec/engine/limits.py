@@ -30,8 +30,10 @@ def check_engine(settings) -> None:
     if not _whole(settings.threads) or not 0 <= settings.threads <= MAX_THREADS:
         raise EngineError(f"--threads must be from 0 (all cores) to {MAX_THREADS}, not {settings.threads}.")
     for flag, layers in (("target", settings.target_gpu_layers), ("draft", settings.draft_gpu_layers)):
-        if not _whole(layers) or layers < -1:
-            raise EngineError(f"--{flag}-gpu-layers must be -1 (all), 0 or more, not {layers}.")
+        if layers != "auto" and (not _whole(layers) or layers < -1):
+            raise EngineError(
+                f"--{flag}-gpu-layers must be auto (what fits), -1 (all), 0 or more, not {layers}."
+            )
 
 
 def _whole(value) -> bool:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import EngineError, PairingError
@@ -12,6 +12,7 @@ from ._context import LLAMA_MAX_SEQ, Context, ContextSettings
 from ._lora import LoraAdapter
 from ._model import Model
 from .draft import Draft, look_ahead_during
+from .offload import AUTO, GpuLayers, RunsOn, fit_layers, footprint, gpu_devices, runs_on
 from .parallel import ParallelDrafter, check_base, read_adapter, untrained
 from .ports import Pending
 from .rpc import Placement
@@ -22,8 +23,10 @@ from .samplers import reductions_from_env
 @dataclass(frozen=True)
 class EngineSettings:
     n_ctx: int = 4096  # context window of both models
-    target_gpu_layers: int = 0  # layers offloaded to the GPU (CUDA builds only); -1 = all
-    draft_gpu_layers: int = 0
+    # layers offloaded to the GPU (GPU builds only): a count, -1 = all, auto = what fits (offload.py);
+    # a loaded ModelPair's settings hold the counts auto became
+    target_gpu_layers: GpuLayers = AUTO
+    draft_gpu_layers: GpuLayers = AUTO
     threads: int = 0  # 0 → every core
     max_tree_nodes: int = 64  # largest draft tree (root excluded) a step may verify
     repack: bool = True  # llama.cpp's CPU weight repacking (faster; batch numerics differ from B=1)
@@ -79,7 +82,9 @@ class ModelPair:
     ):
         """``draft_sha256``: the draft file's hash when the loader knows it (the model store's record of
         this exact file): a trained parallel drafter is checked against it without hashing the file."""
-        self.settings = settings or EngineSettings()
+        self.requested = settings or EngineSettings()
+        self._devices = gpu_devices()  # none in a CPU build
+        self.settings = self._fit(self.requested, target_path, draft_path)
         self._draft_sha256 = draft_sha256
         self._models: list[Model] = []
         self._runners: list[CachedModel] = []  # the contexts made so far (closed in reverse)
@@ -87,13 +92,13 @@ class ModelPair:
         self.where = ""  # where the target runs if not just here: "RPC 10.0.0.2:50052 + this machine (CPU)"
         try:
             placement = self._placement()
-            target_model = self._load(target_path, self.settings.target_gpu_layers, placement)
+            target_model = self._load(target_path, int(self.settings.target_gpu_layers), placement)
             target_settings = self.settings.context(self.settings.target_on_cpu, self.settings.reductions)
             self.target = Target(Context(target_model, target_settings))
             self._runners.append(self.target)
             self.draft: Draft | None = None
             if draft_path:
-                draft_model = self._load(draft_path, self.settings.draft_gpu_layers)
+                draft_model = self._load(draft_path, int(self.settings.draft_gpu_layers))
                 check_pairing(target_model, draft_model)
                 self.draft = Draft(
                     Context(draft_model, self.settings.context(self.settings.draft_gpu_layers == 0)),
@@ -101,9 +106,46 @@ class ModelPair:
                     vocab_limit=target_model.n_vocab,
                 )
                 self._runners.append(self.draft)
+            self.runs_on = self._runs_on()  # read once: a server's /health reads it from other threads
         except BaseException:
             self.close()
             raise
+
+    def _fit(self, settings: EngineSettings, target_path: str, draft_path: str | None) -> EngineSettings:
+        """``settings`` with ``auto`` offload made counts: 0 without a GPU, and with RPC servers (their
+        placement decides where the target runs); else what fits (offload.fit_layers), sized by
+        no_alloc loads of both models (~1 s for the 1.5B on a 2-core CPU)."""
+        asked = (settings.target_gpu_layers, settings.draft_gpu_layers if draft_path else 0)
+        if AUTO not in asked:
+            return settings
+        if settings.rpc or not self._devices:
+            target, draft = (0 if layers == AUTO else int(layers) for layers in asked)
+        else:
+            shape = settings.context(cpu_only=False)
+            sized = {
+                path: footprint(path, shape.n_ctx, shape.n_batch, shape.n_seq_max, shape.flash_attn)
+                for path in (target_path, draft_path)
+                if path
+            }
+            target, draft = fit_layers(self._devices, sized[target_path], sized.get(draft_path or ""), asked)
+        return replace(settings, target_gpu_layers=target, draft_gpu_layers=draft)
+
+    def _runs_on(self) -> dict[str, RunsOn]:
+        """Where the target (and the draft) run: device, layers there / all (offload.RunsOn)."""
+        layers = {"target": self.settings.target_gpu_layers, "draft": self.settings.draft_gpu_layers}
+        runners = {"target": self.target, "draft": self.draft}
+        where = {
+            name: runs_on(int(layers[name]), runner.model.n_layer, self._devices)
+            for name, runner in runners.items()
+            if runner is not None
+        }
+        if self.where:  # on RPC servers: their summary names the devices
+            where["target"] = replace(where["target"], device=self.where)
+        return where
+
+    def runs_on_json(self) -> dict[str, dict]:
+        """``runs_on`` for JSON: {"target": {"device", "gpu_layers", "layers"}, "draft": {…}}."""
+        return {name: place.as_dict() for name, place in self.runs_on.items()}
 
     def _placement(self) -> Placement | None:
         """The target's devices on the RPC servers and here, when servers are named."""

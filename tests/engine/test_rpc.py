@@ -258,7 +258,7 @@ def test_the_cost_profile_of_a_target_over_rpc_has_its_own_key(tmp_path):
     runner = SimpleNamespace(model=SimpleNamespace(path=str(model)))
 
     def key(**settings):
-        defaults = EngineSettings(threads=2)
+        defaults = EngineSettings(threads=2, target_gpu_layers=0, draft_gpu_layers=0)  # as loaded: resolved
         pair = SimpleNamespace(
             settings=dataclasses.replace(defaults, **settings), target=runner, draft=runner
         )
@@ -273,8 +273,9 @@ def test_the_cost_profile_of_a_target_over_rpc_has_its_own_key(tmp_path):
     # choice with GPU offload
     offloaded = key(target_gpu_layers=-1)
     assert (local["flash_attn"], far["flash_attn"], offloaded["flash_attn"]) == (False, False, None)
-    cpu, gpu = EngineSettings(), EngineSettings(target_gpu_layers=-1)
-    assert cpu.target_on_cpu and not gpu.target_on_cpu and EngineSettings(rpc=("h:1",)).target_on_cpu
+    cpu, gpu = EngineSettings(target_gpu_layers=0), EngineSettings(target_gpu_layers=-1)
+    far_cpu = EngineSettings(rpc=("h:1",), target_gpu_layers=0)
+    assert cpu.target_on_cpu and not gpu.target_on_cpu and far_cpu.target_on_cpu
     # --flash-attn on|off: that, on a CPU or a GPU, in the settings and in the key
     for flag, value in (("auto", None), ("on", True), ("off", False)):
         chosen = options.engine_settings(_args("--flash-attn", flag))

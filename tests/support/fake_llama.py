@@ -210,11 +210,18 @@ class FakePair:
         self.target = Target(cast(Context, FakeContext(FakeModel(), settings, rng_seed=1)))
         draft_context = FakeContext(FakeModel(noise=draft_noise), settings, rng_seed=2)
         self.draft = Draft(cast(Context, draft_context), top_k=top_k)
-        self.settings = EngineSettings(n_ctx=n_ctx, max_tree_nodes=n_seq - 1)
+        # as a loaded ModelPair's: the offload resolved (no GPU here)
+        self.settings = EngineSettings(
+            n_ctx=n_ctx, max_tree_nodes=n_seq - 1, target_gpu_layers=0, draft_gpu_layers=0
+        )
 
     @property
     def max_nodes(self) -> int:
         return self.target.n_seq
+
+    def runs_on_json(self) -> dict[str, dict]:
+        """As ``ModelPair.runs_on_json``: both models on the CPU."""
+        return {name: {"device": "CPU", "gpu_layers": 0, "layers": 3} for name in ("target", "draft")}
 
     def set_up_draft(self, setup) -> None:
         """As ``ModelPair.set_up_draft``: untrained masks are the vocabulary's last ids (no adapters)."""
