@@ -245,6 +245,7 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
                 "max_tree_nodes": settings.max_tree_nodes,
                 "repack": settings.repack,
                 "reductions": pair.reductions,
+                "runs_on": pair.runs_on_json(),
             },
             hardware=document.hardware_info(settings),
             cost_profile=profile.as_dict() if profile is not None else None,

@@ -106,6 +106,7 @@ def run(args) -> int:
             "strategy": args.strategy if planner is None else planner.name,
             "strategy_params": "" if planner is None else planner.describe(),
             "reductions": pair.reductions,
+            "runs_on": pair.runs_on_json(),  # device and layers on it, per model
             "stats": {**stats.as_dict(), "wall_seconds": wall},
             "margins": margins,
         }

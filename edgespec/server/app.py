@@ -114,6 +114,9 @@ def create_app(
         health = {"status": "ok", "model": defaults.model, "waiting": worker.waiting}
         if worker.session is not None:  # read across threads: numbers, possibly a step old
             health["prompt_cache"] = worker.session.engine.cache_info()
+            runs_on = getattr(worker.session.engine, "runs_on", None)  # where each model runs (not a fake's)
+            if runs_on is not None:
+                health["runs_on"] = runs_on
         return JSONResponse(health)
 
     async def api_error(request: Request, exc: ApiError) -> Response:

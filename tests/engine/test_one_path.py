@@ -89,9 +89,11 @@ def test_mcsd_with_the_pairs_decision_model_is_built_alike_everywhere(world, cap
 
 
 def test_chain_gamma_is_built_alike_everywhere(world, capsys):
-    built, models, prompts, _ = world
+    built, models, prompts, folder = world
     _run(["generate", "hi", *models, *CHAIN, "--max-tokens", "4", "--json"])
-    assert json.loads(capsys.readouterr().out)["tokens"]  # it answered
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["tokens"]  # it answered
+    assert answer["runs_on"]["draft"] == {"device": "CPU", "gpu_layers": 0, "layers": 3}  # where it ran
     generated = built[-1]
     chat = _chat([*models, *CHAIN])
     _run(
@@ -105,11 +107,14 @@ def test_chain_gamma_is_built_alike_everywhere(world, capsys):
             str(prompts),
             "--max-tokens",
             "4",
+            "--json",
+            str(folder / "bench.json"),
         ]
     )
     benched = built[-1]
     capsys.readouterr()
     assert generated == chat == benched
+    assert json.loads((folder / "bench.json").read_text())["settings"]["runs_on"]["target"]["device"] == "CPU"
     assert (generated.gamma, generated.p_min) == (6, 0.05)
 
 

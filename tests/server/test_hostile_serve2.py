@@ -123,6 +123,7 @@ def test_9_health_without_the_key_says_only_that_the_server_is_up(keyed):
     assert httpx.get(keyed.url + "/health", headers=wrong, timeout=TIMEOUT).json() == {"status": "ok"}
     full = httpx.get(keyed.url + "/health", headers={"Authorization": f"Bearer {KEY_B}"}, timeout=TIMEOUT)
     assert "prompt_cache" in full.json() and "budget_bytes" in full.json()["prompt_cache"]
+    assert full.json()["runs_on"]["target"]["device"] == "CPU"  # where the models run: for a key holder
 
 
 # 12. logprobs was answered null.

@@ -20,7 +20,7 @@ from textual.widgets import Footer
 
 from edgespec.decoding.chat import ChatSettings, Message
 from edgespec.errors import EdgespecError
-from edgespec.session import Backend, LoadedPair, draft_problem
+from edgespec.session import Backend, LoadedPair, draft_problem, where_text
 from edgespec.strategy import StrategyChoice
 
 from .. import messages as msg
@@ -148,10 +148,10 @@ class ChatScreen(Commands, Screen):
         self._loading = None
         self.loaded = event.loaded
         self._fallback = None
-        where = getattr(getattr(self.loaded.engine, "pair", None), "where", "")  # a target over RPC servers
+        runs_on = getattr(self.loaded.engine, "runs_on", None)  # a fake engine does not say
         self.status.set(
             state="ready",
-            pair=f"{self.loaded.name} · target: {where}" if where else self.loaded.name,
+            pair=f"{self.loaded.name} · {where_text(runs_on)}" if runs_on else self.loaded.name,
             n_ctx=self.loaded.engine.n_ctx,
             stats=msg.StatsSnapshot(),
         )
