@@ -241,12 +241,18 @@ def simulate(
         pool, depth = pool[order], depth[order]
 
 
+def chain_seconds(costs: CostModel, n):
+    """One step of a chain of n draft tokens: the draft catches up the root (c_k(1), which also gives
+    the first guess), drafts n − 1 more one node a level, and the target verifies root + n."""
+    n = np.asarray(n)
+    return costs.k(1) + (n - 1) * costs.d(1) + costs.t(n + 1) + costs.overhead
+
+
 def ceiling(costs: CostModel, cap: int) -> float:
     """The best rate any tree could reach with every draft token accepted: a chain of n (accepted
     length ≤ depth, and a chain is the cheapest way to reach a depth)."""
     n = np.arange(1, max(cap, 1) + 1)
-    seconds = costs.k(1) + (n - 1) * costs.d(1) + costs.t(n + 1) + costs.overhead
-    return float(np.max((1.0 + n) / seconds))
+    return float(np.max((1.0 + n) / chain_seconds(costs, n)))
 
 
 def parallel_ceiling(costs: CostModel, masks: int, cap: int) -> float:

@@ -1,0 +1,106 @@
+"""What a pair is predicted to gain on a machine: plain decoding's tokens/s and each strategy's speedup,
+from the cost curves (``CostModel``) and the pair's fit (``DraftFit``) — ``edgespec models advise``.
+
+Plain decoding commits one token per target decode: rate 1 / c_t(1).
+
+A greedy chain of n draft tokens commits the target's bonus token plus its draft tokens up to the first
+wrong one; the i-th is accepted when the draft's top-1 was right i times in a row, which the fit
+measured (``runs[i − 1]``), so
+
+    E[tokens per step] = 1 + Σ_{i=1..n} runs[i − 1],      speedup = E / chain_seconds(n) · c_t(1),
+
+with ``chain_seconds`` the chain step's cost (``costmodel``). ``auto``'s speedup is its own forecast:
+an ``AutoPlanner`` on the same curves and fit decides its first step (``Policy.decide``) — its forecast
+rate when it drafts, else 1 (it decodes plainly where nothing pays).
+
+A lower acceptance (``lowered``): every guess right ``factor`` × as often — runs of i right guesses
+``factor``^i × as often, and the fit's r (accepted ÷ predicted) ``factor`` × its value.
+
+Curves for a model not on this machine (``fitted_curve``): one decode of one token streams the weights,
+so c(1) is modelled as a line in the bytes of weights a token multiplies, a + b · bytes, through two
+models measured here (the bundled target and draft); the curve's shape c(n)/c(1) is the measured
+model's of the same role.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from .auto import AutoPlanner
+from .auto.policy import Mode
+from .costmodel import CostModel, DraftFit, chain_seconds
+
+LOWER = 0.8  # the lower acceptance shown beside the pair's: every guess right 0.8× as often
+AUTO_BUDGET = 48  # auto's default cap (``AutoPlanner.budget``)
+
+
+def plain_rate(costs: CostModel) -> float:
+    """Tokens per second of plain decoding: one target decode a token."""
+    return 1.0 / float(costs.t(1))
+
+
+def chain_tokens(runs: tuple[float, ...], n: int) -> float:
+    """Expected tokens a greedy chain of n commits per step (the module's formula)."""
+    if n > len(runs):
+        raise ValueError(f"the fit counted runs up to {len(runs)} right guesses; a chain of {n} needs more")
+    return 1.0 + float(np.sum(runs[:n]))
+
+
+def chain_speedup(costs: CostModel, fit: DraftFit, n: int) -> float:
+    """A chain of n over plain decoding."""
+    rate = chain_tokens(fit.runs, n) / float(chain_seconds(costs, n))
+    return rate / plain_rate(costs)
+
+
+def auto_speedup(costs: CostModel, fit: DraftFit, budget: int = AUTO_BUDGET) -> float:
+    """``auto``'s own forecast of its first step over plain decoding (1: it decodes plainly)."""
+    planner = AutoPlanner(budget=budget, costs=costs)
+    planner.calibration.set_fit(fit)
+    if planner.policy.decide(pending=1, cap=budget) is not Mode.SPECULATE:
+        return 1.0
+    return planner.policy.forecast_rate / plain_rate(costs)
+
+
+def lowered(fit: DraftFit, factor: float = LOWER) -> DraftFit:
+    """The fit with every guess right ``factor`` × as often (see the module's docstring)."""
+    runs = tuple(float(r) * factor ** (i + 1) for i, r in enumerate(fit.runs))
+    return replace(fit, ratio=fit.ratio * factor, runs=runs)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    plain: float  # tokens/s of plain decoding
+    chains: dict[int, float]  # chain of n → speedup
+    auto: float  # auto's speedup
+
+    @property
+    def best(self) -> tuple[str, float]:
+        """The best strategy's key (``chain:n`` or ``auto``) and speedup; ties go to auto."""
+        n, chain = max(self.chains.items(), key=lambda item: (item[1], -item[0]))
+        return ("auto", self.auto) if self.auto >= chain else (f"chain:{n}", chain)
+
+
+def predict(costs: CostModel, fit: DraftFit) -> Prediction:
+    """Plain tokens/s, every chain the fit can forecast, and auto, on these curves with this fit."""
+    chains = {n: chain_speedup(costs, fit, n) for n in range(1, len(fit.runs) + 1)}
+    return Prediction(plain_rate(costs), chains, auto_speedup(costs, fit))
+
+
+def fitted_curve(shape: np.ndarray, c1: float) -> np.ndarray:
+    """A curve of one token's cost ``c1`` with the measured ``shape`` (seconds by n; only c(n)/c(1) used)."""
+    return shape / shape[0] * c1
+
+
+def line_through(bytes_a: float, c1_a: float, bytes_b: float, c1_b: float) -> tuple[float, float]:
+    """(a, b) of c(1) = a + b · bytes through two measured models; a ≥ 0 (else the line through 0 and
+    the larger one: a fixed cost cannot be negative)."""
+    if bytes_a == bytes_b:
+        raise ValueError("two models of different sizes are needed to fit c(1) against their bytes")
+    b = (c1_b - c1_a) / (bytes_b - bytes_a)
+    a = c1_a - b * bytes_a
+    if a < 0 or b <= 0:
+        big_bytes, big_c1 = max((bytes_a, c1_a), (bytes_b, c1_b))
+        return 0.0, big_c1 / big_bytes
+    return a, b
