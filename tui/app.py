@@ -9,6 +9,7 @@ from textual.screen import Screen
 from edgespec.decoding.chat import ChatSettings
 from edgespec.session import Backend
 
+from .advice_hint import show_first_run_hint
 from .screens.chat import ChatScreen
 from .storage import ChatStore
 
@@ -60,6 +61,9 @@ class ChatApp(App):
             if isinstance(screen, ChatScreen):
                 return screen
         raise LookupError("the chat screen is not mounted")
+
+    def on_mount(self) -> None:
+        show_first_run_hint(self)
 
     def on_unmount(self) -> None:
         self.store.close()

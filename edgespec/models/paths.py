@@ -39,6 +39,11 @@ def decision_model_path(pair_name: str) -> Path:
     return home_dir() / "decision-models" / f"{safe}.npz"
 
 
+def advice_path(home: Path | None = None) -> Path:
+    """Where `edgespec models advise` caches its last advice (the chat's first-run hint reads it)."""
+    return (home or home_dir()) / "advice.json"
+
+
 def user_registry_path() -> Path:
     return config_dir() / "models.toml"
 
