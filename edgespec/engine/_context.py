@@ -64,11 +64,11 @@ class Context:
         self.reductions = samplers.resolve(
             settings.reductions, model.placement is not None, bool(C.llama_supports_gpu_offload())
         )
-        self._chains: samplers.TopKChains | None = None  # attached to every sequence id, or None
+        self._chains: samplers.Chains | None = None  # attached to every sequence id, or None
         self._backend_ready = self.reductions == "backend"  # made for backend samplers (``use_reductions``)
         if self.reductions == "backend":
             params.n_outputs_max_per_seq = 0  # a tree has many outputs per sequence (the default: 1)
-            self._chains = samplers.TopKChains(settings.n_seq_max, samplers.GREEDY_K)
+            self._chains = samplers.Chains(settings.n_seq_max, samplers.Keep(samplers.GREEDY_K))
             configs = self._chains.configs()  # read by llama_init_from_model only
             params.samplers, params.n_samplers = configs, len(configs)
         self.ptr = native(model.placement, C.llama_init_from_model, "creating the context")(model.ptr, params)
@@ -170,36 +170,36 @@ class Context:
 
     # -- outputs ----------------------------------------------------------------------------------
     @property
-    def sampled_k(self) -> int | None:
-        """The ids each output row keeps (the chains' top-k), or None: whole logits rows."""
-        return self._chains.k if self._chains is not None else None
+    def kept(self) -> samplers.Keep | None:
+        """What each output row keeps (the chains'), or None: whole logits rows."""
+        return self._chains.keep if self._chains is not None else None
 
-    def sample_top_k(self, k: int | None) -> None:
-        """Backend reductions from now on keep the ``k`` best ids per row (None: whole logits rows, for a
-        request that needs every logit). Fresh chains replace the old ones (a chain attaches once); each
-        change re-reserves the graph at the next decode."""
-        if self.reductions != "backend" or k == self.sampled_k:
+    def keep(self, keep: samplers.Keep | None) -> None:
+        """Backend reductions from now on keep this of each row (None: whole logits rows, for a request
+        that needs every logit). Fresh chains replace the old ones (a chain attaches once); each change
+        re-reserves the graph at the next decode."""
+        if self.reductions != "backend" or keep == self.kept:
             return
         with self._owner:
             self._live()
             old, self._chains = self._chains, None
-            if k is None:
+            if keep is None:
                 samplers.detach_all(self.ptr, self.settings.n_seq_max)
             else:
-                self._chains = samplers.TopKChains(self.settings.n_seq_max, k)
+                self._chains = samplers.Chains(self.settings.n_seq_max, keep)
                 self._chains.attach(self.ptr)
             if old is not None:  # no longer in the context's map: the next decode builds without them
                 old.free()
 
     def use_reductions(self, mode: str) -> None:
         """Switch a context made for backend reductions between them and numpy (a paired measurement:
-        lab/scripts/reductions_ab.py); the backend's chains attach again at the next ``sample_top_k``."""
+        lab/scripts/reductions_ab.py); the backend's chains attach again at the next ``keep``."""
         if mode not in ("numpy", "backend") or (mode == "backend" and not self._backend_ready):
             raise EngineError(
                 f"this context cannot switch to {mode!r} reductions: create it with reductions='backend'."
             )
         if mode == "numpy":
-            self.sample_top_k(None)
+            self.keep(None)
         self.reductions = mode
 
     def verified(self, n_rows: int) -> Verified:
@@ -207,12 +207,13 @@ class Context:
         (a view, valid until the next decode)."""
         if self._chains is None:
             return RowsVerified(self.logits_rows(n_rows))
-        return SampledVerified(*self.sampled_rows(n_rows), self.n_vocab)
+        ids, logits, _ = self.sampled_rows(n_rows)
+        return SampledVerified(ids, logits, self.n_vocab)
 
-    def sampled_rows(self, n_rows: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """Per output row of the last decode (``n_rows``: all of them), its sampled ids (int32) and their
-        logits (float32), copied."""
-        ids, logits = [], []
+    def sampled_rows(self, n_rows: int) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+        """Per output row of the last decode (``n_rows``: all of them), its sampled ids (int32), their
+        logits (float32) and their probabilities (float32; none unless the chains keep them), copied."""
+        ids, logits, probs = [], [], []
         with self._owner:
             self._live()
             for i in range(-n_rows, 0):  # negative: counted back from the last output (batch order)
@@ -223,7 +224,10 @@ class Context:
                 row_logits = C.llama_get_sampled_logits_ith(self.ptr, i)
                 ids.append(np.ctypeslib.as_array(row_ids, (n,)).astype(np.int32))  # copies
                 logits.append(np.ctypeslib.as_array(row_logits, (n,)).copy())
-        return ids, logits
+                n_probs = int(C.llama_get_sampled_probs_count_ith(self.ptr, i))
+                row_probs = C.llama_get_sampled_probs_ith(self.ptr, i) if n_probs else None
+                probs.append(np.ctypeslib.as_array(row_probs, (n_probs,)).copy() if n_probs else np.zeros(0))
+        return ids, logits, probs
 
     def logits_rows(self, n_rows: int) -> np.ndarray:
         """Zero-copy, read-only (n_rows, V) view of the last decode's output rows, in batch order.

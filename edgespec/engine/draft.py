@@ -17,6 +17,8 @@ from .look_ahead import LookAhead, Path
 from .ports import Done, DraftWork, Pending
 from .rows import draft_dists
 from .runners import CachedModel, Target
+from .sampled import sampled_dists
+from .samplers import Keep
 
 
 class Draft(CachedModel):
@@ -142,8 +144,13 @@ class Draft(CachedModel):
         """One decode (token i at ``positions[i]`` in the sequences ``seq_ids[i]``) and the top-k of its
         last ``n_rows`` rows: the rows' distributions."""
         n = len(tokens)
-        self.ctx.decode(tokens, positions, seq_ids, [i >= n - n_rows for i in range(n)])
         k = min(self.top_k, self.vocab_limit)
+        if self.ctx.reductions == "backend":  # TopKSoftmax in the graph, widened by the masks it may meet
+            pool = min(k + len(self.mask_ids), self.vocab_limit, self.ctx.n_vocab)
+            self.ctx.keep(Keep(pool, self.temperature, self.vocab_limit))
+        self.ctx.decode(tokens, positions, seq_ids, [i >= n - n_rows for i in range(n)])
+        if self.ctx.kept is not None:
+            return sampled_dists(*self.ctx.sampled_rows(n_rows), k, self.mask_ids)
         return draft_dists(self.ctx.logits_rows(n_rows), k, self.temperature, self.vocab_limit, self.mask_ids)
 
     def parallel_dists(self, tree: TreeBuilder, k: int) -> list[SparseDist]:

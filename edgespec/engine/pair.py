@@ -33,7 +33,7 @@ class EngineSettings:
     draft_top_k: int = 32  # candidates kept per draft distribution
     probe_dir: Path | None = None  # where passed backend probes are remembered (None: probe every load)
     flash_attn: bool | None = None  # None: off where a model has no layer on a GPU, else llama.cpp's choice
-    # where the target's output rows are reduced (samplers.resolve): "auto" → backend with GPU layers
+    # where both models' output rows are reduced (samplers.resolve): "auto" → backend with GPU layers
     reductions: str = field(default_factory=reductions_from_env)
 
     # llama.cpp RPC servers (HOST:PORT) holding the target's layers with this machine (engine/rpc.py);
@@ -58,8 +58,7 @@ class EngineSettings:
         conversation 80.2, 84.2 s vs 88.7, 91.9 s. Off holds an n_batch × n_ctx score buffer per head
         (the 1.5B's compute buffer at 32,768 tokens: 848 MiB off, 97 MiB on; ``--flash-attn on`` where
         memory is short); GPU offload keeps llama.cpp's choice. ``flash_attn`` set: that, everywhere.
-        ``reductions``: the target's (``samplers.resolve``; auto on a CPU: numpy). The draft's stay numpy:
-        its top-K with full-softmax probabilities has no sampler in llama.cpp (``Draft._decode_top_k``)."""
+        ``reductions``: where rows are reduced (``samplers.resolve``; auto on a CPU: numpy)."""
         return ContextSettings(
             n_ctx=self.n_ctx,
             n_batch=max(512, self.max_tree_nodes + 1),
@@ -100,8 +99,9 @@ class ModelPair:
             if draft_path:
                 draft_model = self._load(draft_path, int(self.settings.draft_gpu_layers))
                 check_pairing(target_model, draft_model)
+                draft_on_cpu = self.settings.draft_gpu_layers == 0
                 self.draft = Draft(
-                    Context(draft_model, self.settings.context(self.settings.draft_gpu_layers == 0)),
+                    Context(draft_model, self.settings.context(draft_on_cpu, self.settings.reductions)),
                     top_k=self.settings.draft_top_k,
                     vocab_limit=target_model.n_vocab,
                 )
@@ -174,7 +174,8 @@ class ModelPair:
 
     @property
     def reductions(self) -> str:
-        """Where the target's output rows are reduced: "numpy" or "backend" (``samplers.resolve``)."""
+        """Where the target's output rows are reduced: "numpy" or "backend" (``samplers.resolve``; the
+        draft's: the same, on the draft's device)."""
         return self.target.ctx.reductions
 
     @property

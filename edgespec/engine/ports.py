@@ -10,7 +10,8 @@ A target decode returns a ``Pending`` at once: over RPC the decode runs on the l
 the caller works (the draft looks ahead, ``Pair.overlap``); here it is over before ``start_*`` returns.
 Its result is a ``Verified``: the target's choice at each decoded node — argmax and margin, the
 sampling distribution, the best candidates — reduced where the engine chooses (numpy over llama.cpp's
-logits rows today: ``rows.RowsVerified``), so the loop never sees a logits row.
+logits rows: ``rows.RowsVerified``; llama.cpp's samplers in the decode: ``sampled.SampledVerified``), so
+the loop never sees a logits row.
 """
 
 from __future__ import annotations

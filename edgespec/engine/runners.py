@@ -20,7 +20,7 @@ from ._context import Context
 from .interrupts import Cancelled
 from .layout import tree_layout
 from .ports import Joined, Pending, Prefilled, Sampling, Verified
-from .samplers import kept_per_row
+from .samplers import Keep, kept_per_row
 
 # Tokens a cancellable decode (a prompt a client may abandon) takes at a time: a client that leaves
 # frees the model within one chunk's decode; 512 (n_batch) would be the whole of most prompts. Chunks
@@ -73,10 +73,11 @@ class CachedModel:
 
     def decode_committed(self, tokens: Sequence[int], want_last: bool, cancel=None) -> np.ndarray | None:
         """Decode a chain of tokens into the committed prefix (every tagged sequence id); returns the last
-        token's logits row when asked (numpy reductions). ``cancel`` (an event): checked before each chunk of
-        ``CANCEL_CHUNK`` tokens; once set, what is decoded stays committed and ``Cancelled`` is raised."""
+        token's logits row when asked (None under backend samplers). ``cancel`` (an event): checked before
+        each chunk of ``CANCEL_CHUNK`` tokens; once set, what is decoded stays committed and ``Cancelled``
+        is raised."""
         decoded = self.start_committed(tokens, want_last, cancel, overlap=False).result()
-        return self.ctx.logits_rows(1)[0] if decoded else None
+        return self.ctx.logits_rows(1)[0] if decoded and self.ctx.kept is None else None
 
     def start_committed(
         self, tokens: Sequence[int], want_last: bool, cancel=None, overlap: bool = True
@@ -166,7 +167,8 @@ class Target(CachedModel):
     def use_sampling(self, sampling: Sampling) -> None:
         """The sampling rule the next decodes' outputs are read under (``ports.Target.use_sampling``):
         what backend reductions keep per row (``samplers.kept_per_row``)."""
-        self.ctx.sample_top_k(kept_per_row(sampling))
+        k = kept_per_row(sampling)
+        self.ctx.keep(Keep(k) if k is not None else None)
 
     def start_prefill(self, prompt: Sequence[int], cancel=None) -> Pending[Prefilled]:
         """Hold ``prompt``, keeping the longest prefix of ``prompt[:-1]`` already held and decoding the

@@ -1,10 +1,12 @@
-"""``SampledVerified``: the target's output read from llama.cpp's backend samplers (``samplers.py``)
-instead of whole logits rows — per node the K best ids and their raw logits, K = 2 under greedy, the
-request's top_k when it samples. The rules on top stay numpy (``rows.target_probs`` over those K).
+"""The models' outputs read from llama.cpp's backend samplers (``samplers.py``) instead of whole logits
+rows: ``SampledVerified``, the target's — per node the K best ids and their raw logits, K = 2 under
+greedy, the request's top_k when it samples; the rules on top stay numpy (``rows.target_probs`` over
+those K) — and ``sampled_dists``, the draft's distributions from its ``TopKSoftmax``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,3 +73,23 @@ class SampledVerified:
 
     def detach(self) -> Verified:
         return self  # its arrays are copies already
+
+
+def sampled_dists(
+    ids: list[np.ndarray],
+    logits: list[np.ndarray],
+    probs: list[np.ndarray],
+    k: int,
+    exclude: Sequence[int] = (),
+) -> list[SparseDist]:
+    """``rows.draft_dists`` from a ``TopKSoftmax``'s rows (ids below the vocabulary limit, their logits
+    and full-softmax probabilities, unordered): the ids in ``exclude`` dropped, ordered by logit
+    descending and equal logits by id ascending, cut to ``k``."""
+    banned = np.asarray(exclude, dtype=np.int32)
+    out = []
+    for row_ids, row_logits, row_probs in zip(ids, logits, probs):
+        allowed = ~np.isin(row_ids, banned)
+        row_ids, row_logits, row_probs = row_ids[allowed], row_logits[allowed], row_probs[allowed]
+        best = np.lexsort((row_ids, -row_logits))[:k]
+        out.append(SparseDist(ids=row_ids[best], probs=row_probs[best].astype(np.float64)))
+    return out

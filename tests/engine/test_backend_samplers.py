@@ -14,8 +14,9 @@ from edgespec.decoding.sampling import SamplingParams
 from edgespec.engine import EngineSettings, ModelPair
 from edgespec.engine._context import Context, ContextSettings
 from edgespec.engine._model import Model
-from edgespec.engine.rows import RowsVerified
-from edgespec.engine.sampled import SampledVerified
+from edgespec.engine.rows import RowsVerified, draft_dists
+from edgespec.engine.sampled import SampledVerified, sampled_dists
+from edgespec.engine.samplers import Keep
 from edgespec.errors import EngineError
 from edgespec.measure.prompts import ENGINE_PROMPTS
 from edgespec.planner.strategies import build as make_planner
@@ -52,13 +53,13 @@ def _decode_both(contexts) -> tuple[RowsVerified, SampledVerified]:
 def test_a_decode_reduces_alike_on_a_numpy_and_a_backend_context(contexts):
     numpy_ctx, backend_ctx = contexts
     assert (numpy_ctx.reductions, backend_ctx.reductions) == ("numpy", "backend")
-    backend_ctx.sample_top_k(2)
+    backend_ctx.keep(Keep(2))
     rows, sampled = _decode_both(contexts)
     for node in range(len(TOKENS)):
         (best, margin), (backend_best, backend_margin) = rows.top(node), sampled.top(node)
         assert backend_best == best and abs(backend_margin - margin) <= 1e-5
     for sampling in SAMPLINGS:
-        backend_ctx.sample_top_k(sampling.top_k)
+        backend_ctx.keep(Keep(sampling.top_k))
         rows, sampled = _decode_both(contexts)
         for node in range(len(TOKENS)):
             ranked = np.sort(rows.rows[node])[::-1]
@@ -71,12 +72,35 @@ def test_a_decode_reduces_alike_on_a_numpy_and_a_backend_context(contexts):
             np.testing.assert_allclose(got.probs, want.probs, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_the_drafts_top_k_softmax_sampler_gives_numpys_draft_dists(contexts, temperature):
+    """``samplers.TopKSoftmax`` (ggml ops built from Python) against ``rows.draft_dists`` of the same
+    rows: a vocabulary limit below V and excluded ids ([MASK]s) among the best."""
+    numpy_ctx, backend_ctx = contexts
+    k, limit = 6, 300
+    numpy_ctx.clear()
+    numpy_ctx.decode(TOKENS, POSITIONS, SEQS, [True] * len(TOKENS))
+    rows = np.array(numpy_ctx.logits_rows(len(TOKENS)))
+    exclude = [int(np.argsort(-rows[0, :limit])[1]), int(np.argsort(-rows[3, :limit])[0])]
+    backend_ctx.keep(Keep(k + len(exclude), temperature, limit))
+    backend_ctx.clear()
+    backend_ctx.decode(TOKENS, POSITIONS, SEQS, [True] * len(TOKENS))
+    got = sampled_dists(*backend_ctx.sampled_rows(len(TOKENS)), k, exclude)
+    want = draft_dists(rows, k, temperature, limit, exclude)
+    for node in range(len(TOKENS)):
+        ranked = np.sort(rows[node, :limit])[::-1]
+        assert ranked[k + len(exclude) - 1] > ranked[k + len(exclude)]  # no tie at the pool's edge
+        assert not set(got[node].ids.tolist()) & set(exclude)
+        np.testing.assert_array_equal(got[node].ids, want[node].ids)
+        np.testing.assert_allclose(got[node].probs, want[node].probs, rtol=0, atol=1e-6)
+
+
 def test_backend_reductions_refuse_logits_rows_and_switch_chains_cleanly(contexts):
     numpy_ctx, backend_ctx = contexts
-    backend_ctx.sample_top_k(2)
+    backend_ctx.keep(Keep(2))
     with pytest.raises(EngineError, match="backend samplers"):
         backend_ctx.logits_rows(1)
-    backend_ctx.sample_top_k(None)  # sampling without top-k: whole rows again
+    backend_ctx.keep(None)  # sampling without top-k: whole rows again
     for ctx in contexts:
         ctx.clear()
         ctx.decode(TOKENS, POSITIONS, SEQS, [True] * len(TOKENS))
@@ -84,7 +108,7 @@ def test_backend_reductions_refuse_logits_rows_and_switch_chains_cleanly(context
     assert isinstance(rows, RowsVerified) and isinstance(backend_rows, RowsVerified)
     np.testing.assert_allclose(backend_rows.rows, rows.rows, rtol=0, atol=1e-5)
     for k in [2, 3, 7] * 7:  # fresh chains each time, the old ones freed
-        backend_ctx.sample_top_k(k)
+        backend_ctx.keep(Keep(k))
         backend_ctx.clear()
         backend_ctx.decode(TOKENS, POSITIONS, SEQS, [True] * len(TOKENS))
         assert all(ids.shape == (k,) for ids in backend_ctx.sampled_rows(len(TOKENS))[0])

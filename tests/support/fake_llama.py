@@ -151,8 +151,9 @@ class FakeContext:
         return self._rows
 
     reductions = "numpy"  # whole rows, as a real context with numpy reductions
+    kept = None  # (what backend samplers keep of each row)
 
-    def sample_top_k(self, k: int | None) -> None:
+    def keep(self, keep) -> None:
         pass
 
     def verified(self, n_rows: int) -> Verified:
