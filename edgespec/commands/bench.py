@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 
 from rich.console import Console
@@ -65,6 +66,14 @@ def register(sub) -> None:
     )
     p.add_argument(
         "--reprofile", action="store_true", help="measure the cost profile again (replaces the cached one)"
+    )
+    p.add_argument(
+        "--like",
+        metavar="SHAPE",
+        help="time a random-weight target of a model's shape (qwen2.5-7b, qwen2.5-coder-14b, a registry "
+        "name; NAME:layers=N,… to shrink it) with the bundled draft, written to a temporary folder and "
+        "deleted after: cost curves and tokens/s only, marked timing only (random weights make acceptance "
+        "meaningless)",
     )
     server = p.add_argument_group(
         "a running server",
@@ -188,18 +197,25 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
     from ..measure import BenchConfig, document, report, run_bench, summarise
     from ..measure.prompts import load_prompts
     from ..profile.attach import PairProfile, attach
+    from ..profile.like import TIMING_ONLY, keep_like
     from ..profile.store import profile_path
     from ..progress import progress_bar
 
     cases = load_prompts(args.prompts)
     parse_variants(args.strategies, args.budgets, args.repeats)  # fail on typos before loading the models
-    resolved, pair = options.load(args, need_draft=True)
-    with pair:
+    stack = ExitStack()  # --like: the random target's temporary folder, deleted after the pair closes
+    resolved, pair, like = _load(args, stack)
+    with stack, pair:
         variants = [] if args.profile else build_variants(args, resolved)  # --profile: print it, nothing else
         shown = args.profile or args.reprofile  # measured on every size (``--reprofile``: again)
         # one profile for every variant: measured (or loaded) when the first asks (auto, OPT-Tree, …)
         with PairProfile(
-            pair, show_progress=True, refresh=args.reprofile, quick=not shown, label="cost profile"
+            pair,
+            show_progress=True,
+            refresh=args.reprofile,
+            quick=not shown,
+            label="cost profile",
+            home=like.scratch if like else None,  # --like: profiles by the temporary file go with it
         ) as pair_profile:
             if shown:
                 table = pair_profile.cost_profile()
@@ -210,6 +226,8 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
             for variant in variants:
                 attach(variant.planner, pair_profile)
         profile = pair_profile.asked  # None when no planner asked for it
+        if profile is not None and like:  # the shape's curves, for the next --like and `models advise`
+            profile = keep_like(profile, like.key)
         config = BenchConfig(
             max_tokens=args.max_tokens,
             sampling=options.sampling_params(args),
@@ -250,6 +268,9 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
             hardware=document.hardware_info(settings),
             cost_profile=profile.as_dict() if profile is not None else None,
         )
+        if like:
+            doc["settings"]["like"] = args.like
+            document.mark_timing_only(doc, TIMING_ONLY)
     report.print_report(doc, console)
     if args.json:
         document.write_json(doc, args.json)
@@ -264,6 +285,18 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
         )
         return 130
     return 0
+
+
+def _load(args: argparse.Namespace, stack: ExitStack):
+    """(resolved pair, loaded pair, None) for the model flags; with ``--like``, the random target's pair
+    and its ``LikeRun`` (the temporary folder is ``stack``'s)."""
+    from ..profile.like import check_like_models, open_like
+
+    if not args.like:
+        return (*options.load(args, need_draft=True), None)
+    check_like_models(args.pair, args.target, args.draft)
+    like, pair = open_like(args.like, options.engine_settings(args), stack)
+    return like.resolved, pair, like
 
 
 def _registry_sha(resolved, role: str) -> str | None:

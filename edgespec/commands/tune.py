@@ -54,6 +54,14 @@ def register(sub) -> None:
         help=f"compared MCSD variants (of {','.join(VARIANTS)}), each between two plain runs",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object with the report")
+    p.add_argument(
+        "--like",
+        metavar="SHAPE",
+        help="no training: time plain decoding and the MCSD variants (off, threshold, target-init) on a "
+        "random-weight target of a model's shape (qwen2.5-7b, …; NAME:layers=N,… to shrink it) with the "
+        "bundled draft, and its cost curves; written to a temporary folder, deleted after; every figure "
+        "is timing only (random weights make acceptance meaningless)",
+    )
     options.add_run_args(p, strategy=False)
     group = p.add_argument_group(
         "strategy parameters", "early stop is off while collecting; --compare sets it"
@@ -88,6 +96,8 @@ def run(args) -> int:
     cases = tuning.load_cases(args.prompts)
     sampling = options.sampling_params(args)
     console = Console(stderr=True, quiet=args.json)
+    if args.like:
+        return _like(args, variants, cases, sampling, console)
     out: dict = {}
     resolved, pair = options.load(args)
     path = Path(args.output) if args.output else decision_model_path(resolved.name)
@@ -131,13 +141,7 @@ def run(args) -> int:
         if args.compare:
             if args.compare_prompts:
                 compare_cases = tuning.load_cases(args.compare_prompts)
-            planners = {
-                "off": lambda: _planner(args, resolved, pair, strategy="mcsd"),
-                "threshold": lambda: _planner(args, resolved, pair, "threshold", strategy="mcsd"),
-                "model": lambda: _planner(args, resolved, pair, "model", path, strategy="mcsd"),
-                "target-init": lambda: _planner(args, resolved, pair, strategy="mcsd-target-init"),
-            }
-            chosen = {v: planners[v]() for v in variants}
+            chosen = {v: _variant(v, args, resolved, pair, path) for v in variants}
             tokens = args.compare_tokens or args.max_tokens
             with progress_bar("compare", console) as bar:
                 rows = tuning.compare(
@@ -151,6 +155,59 @@ def run(args) -> int:
             out["compare"] = {"prompts": [c.name for c in compare_cases], "max_tokens": tokens, "rows": rows}
             console.print(tuning.format_table(rows), markup=False, highlight=False)
     if args.json:
+        print(json.dumps(out, ensure_ascii=False))
+    return 0
+
+
+def _variant(name: str, args, resolved, pair, model_path: Path | None = None):
+    """The planner of a compared variant (``VARIANTS``): MCSD with that early stop (``model`` reads the
+    decision model at ``model_path``), or mcsd-target-init."""
+    if name == "target-init":
+        return _planner(args, resolved, pair, strategy="mcsd-target-init")
+    return _planner(args, resolved, pair, name, model_path if name == "model" else None, "mcsd")
+
+
+def _like(args, variants: list[str], cases, sampling, console: Console) -> int:
+    """``--like``: the cost curves, then plain decoding and the variants that need no decision model
+    timed on a random-weight target of the shape (nothing trained or stored: acceptance is noise)."""
+    from contextlib import ExitStack
+
+    from ..measure.report import profile_table
+    from ..profile.attach import PairProfile
+    from ..profile.like import TIMING_ONLY, check_like_models, keep_like, open_like
+
+    check_like_models(args.pair, args.target, args.draft)
+    if "model" in variants:
+        console.print("--like: the 'model' variant is left out (its decision model learns acceptance)")
+        variants = [v for v in variants if v != "model"]
+    stack = ExitStack()  # the random target's temporary folder, deleted after the pair closes
+    like, pair = open_like(args.like, options.engine_settings(args), stack)
+    with stack, pair:
+        with PairProfile(pair, show_progress=True, home=like.scratch, label="cost profile") as profiled:
+            measured = profiled.cost_profile()
+        assert measured is not None  # the pair has a draft
+        profile = keep_like(measured, like.key)
+        chosen = {v: _variant(v, args, like.resolved, pair) for v in variants}
+        compare_cases = tuning.load_cases(args.compare_prompts) if args.compare_prompts else cases
+        tokens = args.compare_tokens or args.max_tokens
+        with progress_bar("compare", console) as bar:
+            rows = tuning.compare(pair, chosen, compare_cases, tokens, sampling, bar)
+    console.print(profile_table(profile))
+    console.print(tuning.format_table(rows), markup=False, highlight=False)
+    console.print(f"TIMING ONLY: {TIMING_ONLY}", markup=False, highlight=False)
+    if args.json:
+        out = {
+            "pair": like.resolved.name,
+            "like": args.like,
+            "timing_only": True,
+            "timing_only_why": TIMING_ONLY,
+            "cost_profile": {**profile.as_dict(), "timing_only": True},
+            "compare": {
+                "prompts": [c.name for c in compare_cases],
+                "max_tokens": tokens,
+                "rows": [{**row, "timing_only": True} for row in rows],
+            },
+        }
         print(json.dumps(out, ensure_ascii=False))
     return 0
 

@@ -124,6 +124,17 @@ def document(summary: dict, *, pair: dict, settings: dict, hardware: dict, cost_
     }
 
 
+def mark_timing_only(doc: dict, why: str) -> dict:
+    """Say on ``doc`` and on each of its figures (the baseline, every result, prompt and the cost
+    profile) that they are timings only, and why (``bench --like``: random weights)."""
+    doc.update(timing_only=True, timing_only_why=why)
+    figures = [doc.get("baseline"), doc.get("cost_profile"), *doc.get("results", [])]
+    for figure in figures + doc.get("per_prompt", []):
+        if isinstance(figure, dict):
+            figure["timing_only"] = True
+    return doc
+
+
 def write_json(doc: dict, path: str | Path) -> None:
     Path(path).write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 

@@ -28,13 +28,14 @@ def _num(value: float | None, digits: int = 2) -> str:
 def results_table(doc: dict) -> Table:
     base = doc["baseline"]
     n_prompts = len(doc.get("per_prompt", []))
+    timing_only = f"TIMING ONLY ({doc['timing_only_why']}). " if doc.get("timing_only") else ""
     table = Table(
-        title=f"edgespec bench — {doc['pair'].get('name', '')}",
+        title=f"edgespec bench — {doc['pair'].get('name', '')}{' — timing only' if timing_only else ''}",
         caption=(
-            f"speedup: median over the strategy's runs ({n_prompts} prompts) of the paired ratio (tokens/s "
-            "÷ tokens/s of the plain runs just before and after, same prompt); range = min–max. "
-            "efficiency = speedup ÷ MAL. py ms/step: wall time per step outside both models' "
-            "llama_decode (median over prompts). MAL/pass, MAL/verified: tokens committed per draft "
+            f"{timing_only}speedup: median over the strategy's runs ({n_prompts} prompts) of the paired "
+            "ratio (tokens/s ÷ tokens/s of the plain runs just before and after, same prompt); "
+            "range = min–max. efficiency = speedup ÷ MAL. py ms/step: wall time per step outside both "
+            "models' llama_decode (median over prompts). MAL/pass, MAL/verified: tokens committed per draft "
             "forward pass, per token the target verified."
         ),
         caption_justify="left",

@@ -3,9 +3,14 @@ anything is written or loaded is the loaded pair's own key with the target named
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import replace
 
+import pytest
+
+from edgespec.commands import bench, tune
 from edgespec.engine import EngineSettings, ModelPair
+from edgespec.errors import EdgespecError
 from edgespec.models.shapes import like_key, make_like
 from edgespec.profile.costs import CostProfile, profile_key
 from edgespec.profile.like import keep_like, load_like, shape_profile_key
@@ -43,3 +48,15 @@ def test_kept_curves_load_by_the_shape_key_and_busy_ones_are_not_kept(tmp_path):
     busy = replace(profile, spread={"draft": {1: (0.01, 0.02), 2: (0.02, 0.04)}})  # repeats 2x apart
     other = {**key, "threads": 4}
     assert keep_like(busy, other, tmp_path).busy and load_like(other, tmp_path) is None
+
+
+@pytest.mark.parametrize("command", ["bench", "tune"])
+def test_like_refuses_other_models_and_unknown_shapes_before_loading(command):
+    parser = argparse.ArgumentParser()
+    {"bench": bench, "tune": tune}[command].register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args([command, "--like", "qwen2.5-7b", "--target", "t.gguf", "--draft", "d.gguf"])
+    with pytest.raises(EdgespecError, match="leave out --target, --draft"):
+        args.run(args)
+    args = parser.parse_args([command, "--like", "llama-3-8b"])
+    with pytest.raises(EdgespecError, match="unknown model shape 'llama-3-8b'.*qwen2.5-7b"):
+        args.run(args)
