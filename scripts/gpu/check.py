@@ -7,9 +7,10 @@ Stages:
 - ``sanity``: the library loads, sees the CUDA device (``--dry``: any device), and one plain decode runs.
 - ``lossless``: every strategy's greedy tokens equal plain decoding's, or first differ where plain
   decoding's top-2 logit gap is under ``--near-tie`` (a batch sums in another order than one token);
-  flash attention on and off; draft ≠ target and draft = target. Random weights leave margins of ~0.1,
-  so each emitted token is also checked to be the argmax of its own row of the verify batch (the rows
-  are copied as the engine hands them to the decoder).
+  flash attention on and off; draft ≠ target and draft = target; the target's rows reduced by numpy
+  and by llama.cpp's backend samplers. Random weights leave margins of ~0.1, so each emitted token is
+  also checked to be the argmax of its own row of the verify batch (``rowcheck.py``; numpy's
+  reductions, where the engine hands the decoder whole rows).
 - ``auto``: auto against plain decoding, paired (alternating runs, tokens/s).
 - ``sampling``: the engine's reductions on the GPU (llama.cpp's backend samplers) against numpy's,
   paired, for plain, chain and auto; greedy tokens equal. Skipped when the engine has no such setting.
@@ -18,7 +19,8 @@ Stages:
 - ``binary``: the CUDA binary's ``--help`` and one answer on the GPU.
 
 ``--dry``: the same logic on the CPU with tiny random models (``randomgguf.write_tiny_gguf``; draft ≠
-target by seed), every stage small: tests/engine/test_gpu_check.py runs it.
+target by seed), every stage small: tests/engine/test_gpu_check.py runs it. ``--layers N``: the GPU
+run's shapes and sizes with every model cut to N layers (the GPU path tried on any machine).
 """
 
 from __future__ import annotations
@@ -101,8 +103,8 @@ def model_path(name: str, args: Namespace, role: str = "target") -> Path:
             # ids up to TINY_VOCAB: kit.measure_target's prompt is ids 1000-1063 (padding: silent tokens)
             randomgguf.write_tiny_gguf(path, replace(randomgguf.TINY, n_vocab=TINY_VOCAB), seed=seed)
         return path
-    ready = work / f"{name}.ready"  # written by `gen` after the whole file (check.sh starts it early)
-    path = kit.make_model(name, args.tokenizer_from, work, "Q4_K")
+    ready = work / f"{name}-{args.layers}.ready"  # after the whole file, by `gen` (check.sh starts it early)
+    path = kit.make_model(name, args.tokenizer_from, work, "Q4_K", args.layers)
     ready.touch()
     return path
 
@@ -110,7 +112,7 @@ def model_path(name: str, args: Namespace, role: str = "target") -> Path:
 def wait_for(name: str, args: Namespace, seconds: float) -> Path:
     """The model ``gen`` writes in the background, once it is whole (or written here if ``gen`` never
     started)."""
-    ready, started = Path(args.work) / f"{name}.ready", time.monotonic()
+    ready, started = Path(args.work) / f"{name}-{args.layers}.ready", time.monotonic()
     while (
         name != "tiny" and not ready.exists() and time.monotonic() - started < seconds and _gen_running(args)
     ):
@@ -173,7 +175,7 @@ def stage_sanity(args: Namespace) -> dict:
     info = system_info()
     gpu = supports_gpu_offload() and "CUDA" in info
     return {
-        "ok": gpu or args.dry,
+        "ok": gpu or args.dry or args.layers is not None,  # CUDA, unless a CPU run of the GPU path
         "gpu_offload": supports_gpu_offload(),
         "cuda": gpu,
         "system_info": info,
@@ -202,6 +204,7 @@ def stage_lossless(args: Namespace) -> dict:
                         run = run_tokens(pair, planner_for(name, s.budget, profile), prompt, s.tokens, keeper)
                         case = {"pair": pair_name, "flash_attn": flash, **where, "prompt": p}
                         cases.append({**case, "strategy": name, **compare(run, plain, args.near_tie)})
+                    keep_partial(args, cases)
     failures = [c for c in cases if not c["ok"]]
     return {
         "ok": not failures,
@@ -212,6 +215,11 @@ def stage_lossless(args: Namespace) -> dict:
         "rows_checked": sum(c["rows_checked"] for c in cases),
         "near_tie_divergences": sum(c["diverges_at"] is not None for c in cases),
     }
+
+
+def keep_partial(args: Namespace, done: list) -> None:
+    """What a long stage has so far, in OUT/partial.json: it survives the stage's time limit."""
+    (Path(args.out) / "partial.json").write_text(json.dumps(done, indent=1, default=str))
 
 
 def compare(run: dict, plain: dict, near_tie: float) -> dict:
@@ -310,7 +318,7 @@ def stage_curves(args: Namespace) -> dict:
     results = []
     for name in s.curve_targets:
         target = wait_for(name, args, 240)
-        layers = randomgguf.TINY.n_layer if name == "tiny" else shape_of(name).n_layer
+        layers = randomgguf.TINY.n_layer if name == "tiny" else args.layers or shape_of(name).n_layer
         for gpu_layers in (-1, layers // 2):
             measure = Namespace(
                 gpu_layers=gpu_layers,
@@ -326,8 +334,7 @@ def stage_curves(args: Namespace) -> dict:
             results.append(
                 {**kit.measure_target(target, draft, measure), "seconds": time.monotonic() - started}
             )
-            # what is measured so far survives this stage's time limit
-            (Path(args.out) / "partial.json").write_text(json.dumps(results, indent=1))
+            keep_partial(args, results)
     labelled = [
         {**r, "target": f"{r['target']} ({r['target_gpu_layers']} layers on the GPU)"} for r in results
     ]
@@ -420,6 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", required=True, help="where the random GGUFs go (kept between stages)")
     p.add_argument("--tokenizer-from", default="gpu-kit/qwen2.5-tokenizer.gguf")
     p.add_argument("--dry", action="store_true", help="tiny models on the CPU: the test suite's run")
+    p.add_argument("--layers", type=int, help="real shapes cut to this many layers (the GPU path on a CPU)")
     p.add_argument("--threads", type=int, default=0)
     p.add_argument(
         "--near-tie", type=float, default=0.1, help="plain's top-2 gap under which a divergence passes"

@@ -45,6 +45,8 @@ def test_dry_run_writes_every_stage_and_each_passes(tmp_path):
     assert {c["flash_attn"] for c in lossless["cases"]} == {True, False}
     assert {"chain", "dyspec", "auto"} <= {c["strategy"] for c in lossless["cases"]}
     assert lossless["rows_checked"] > 100  # the argmax check read the verify rows
+    if "skipped" not in results["sampling"]:  # the engine has backend samplers: both reductions checked
+        assert {c["reductions"] for c in lossless["cases"]} == {"numpy", "backend"}
     assert results["auto"]["runs"]["plain"]["tokens"] and results["auto"]["auto_over_plain"] > 0
     assert "skipped" in results["sampling"] or results["sampling"]["chain"]["same_tokens"]
     assert [r["target_gpu_layers"] for r in results["curves"]["results"]] == [-1, 1]  # full and half of 2
