@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -44,6 +45,25 @@ def register(sub) -> None:
     path = actions.add_parser("path", help="print where a model file is (a local .gguf path prints itself)")
     path.add_argument("name", metavar="NAME")
     path.set_defaults(run=run_path)
+
+    advise = actions.add_parser(
+        "advise",
+        help="which pair pays on this machine: fits, plain tok/s, best strategy's predicted speedup",
+        description="For this machine and each registry pair: whether it fits in RAM, plain tokens/s and "
+        "the best strategy's predicted speedup, from cost curves measured here (the pair's own files "
+        "when installed, else the bundled pair's curves rescaled to the pair's weights, or with "
+        "--measure a random-weight file of its shape) and the pair's acceptance (its own where it has "
+        "run here, else the bundled pair's). Measurements are cached per machine.",
+    )
+    advise.add_argument("--pair", help="only this pair (default: every pair in the registry)")
+    advise.add_argument("--threads", type=int, default=0, help="CPU threads (default: all cores, as bench)")
+    advise.add_argument("--ctx", type=int, default=4096, help="context size the KV caches are counted at")
+    advise.add_argument(
+        "--measure", action="store_true", help="time random-weight files of absent targets' shapes (minutes)"
+    )
+    advise.add_argument("--refresh", action="store_true", help="measure the installed pairs' curves again")
+    advise.add_argument("--json", action="store_true", help="print the advice as JSON")
+    advise.set_defaults(run=run_advise)
 
 
 def run_list(args) -> int:
@@ -106,6 +126,94 @@ def run_rm(args) -> int:
 def run_path(args) -> int:
     print(ModelStore().path_for(args.name))
     return 0
+
+
+def run_advise(args) -> int:
+    from contextlib import contextmanager
+
+    from .. import options
+    from ..models.pairs import available_pairs
+    from ..profile import advise
+
+    store = ModelStore()
+    registry = store.registry
+    pairs = {args.pair: registry.pair(args.pair)} if args.pair else dict(registry.pairs)
+    bundled = registry.pairs[registry.default_pair_name]
+    machine = advise.this_machine(args.threads)
+
+    @contextmanager
+    def load(name: str):
+        parser = argparse.ArgumentParser()
+        options.add_model_args(parser)  # every other flag at its default: the settings bench runs with
+        flags = ["--pair", name, "--threads", str(args.threads), "--ctx", str(args.ctx)]
+        with options.load(parser.parse_args(flags))[1] as pair:
+            yield pair
+
+    measure_like = None
+    if args.measure:
+        from ..profile.like import measure_like as measure_shape
+        from ..progress import progress_bar
+
+        def measure_like(name: str):
+            with progress_bar(f"advise: timing a random-weight {name} (once; cached)") as bar:
+                return measure_shape(name, threads=machine.threads, progress=bar).model()
+
+    rows = advise.advise(
+        pairs,
+        set(available_pairs()),
+        bundled,
+        load,
+        machine,
+        args.ctx,
+        measure_like=measure_like,
+        refresh=args.refresh,
+    )
+    doc = advise.document(machine, rows)
+    if not args.pair:
+        advise.save(doc)  # the chat's first-run hint reads the whole registry's advice
+    best = advise.best_pair(rows)
+    commands = _advise_commands(best)
+    if args.json:
+        print(json.dumps({**doc, "best": best.pair if best else None, "commands": commands}, indent=2))
+        return 0
+    console = Console()
+    console.print(f"this machine: {machine.describe()} (CPU only)")
+    console.print(_advice_table(rows))
+    if any(r.acceptance == advise.BUNDLED_FIT for r in rows):
+        console.print(
+            "acceptance: where a pair has not run here, the bundled pair's is assumed; "
+            f"'at lower acc.' is the speedup were its guesses right {advise.LOWER:g}× as often."
+        )
+    for note in sorted({f"{r.pair}: {r.note}" for r in rows if r.note}):
+        console.print(note)
+    for line in commands:
+        console.print(line)
+    return 0
+
+
+def _advise_commands(best) -> list[str]:
+    if best is None:
+        return []
+    pull = [] if best.installed else [f"edgespec models pull {best.pair}"]
+    strategy, _, gamma = best.best.partition(":")
+    budget = f" --budget {gamma}" if gamma else ""
+    return [*pull, f"edgespec chat --pair {best.pair} --strategy {strategy}{budget}"]
+
+
+def _advice_table(rows) -> Table:
+    table = Table(title="which pair for this machine", title_justify="left", box=box.SIMPLE_HEAD)
+    for column in ("pair", "fits", "plain tok/s", "best", "speedup", "at lower acc.", "curves", "acceptance"):
+        table.add_column(column, overflow="fold")
+    for r in rows:
+        fits = f"{'yes' if r.fits else '[red]no[/]'} ({format_bytes(r.need)})" if r.need else "?"
+        if r.plain is None:
+            table.add_row(r.pair, fits, "-", "-", "-", "-", r.note, "")
+            continue
+        low = r.lower.get(r.best, 1.0)
+        table.add_row(
+            r.pair, fits, f"{r.plain:.1f}", r.best, f"{r.speedup:.2f}×", f"{low:.2f}×", r.curves, r.acceptance
+        )
+    return table
 
 
 def _model_names(store: ModelStore, name_or_pair: str) -> list[str]:
