@@ -167,7 +167,8 @@ class ModelPair:
 
         repack = self.settings.repack and not amx_guard()
         if placement is None:
-            ensure_backend_works(path, repack, gpu_layers, system_info(), self.settings.probe_dir)
+            reductions = self.settings.context(gpu_layers == 0, self.settings.reductions).reductions
+            ensure_backend_works(path, repack, gpu_layers, system_info(), self.settings.probe_dir, reductions)
         model = Model(path, n_gpu_layers=gpu_layers, repack=self.settings.repack, placement=placement)
         self._models.append(model)
         return model

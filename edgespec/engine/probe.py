@@ -8,7 +8,7 @@ child dies, the parent turns that into an ``EngineError`` that says what to do. 
 remembered in ``<data home>/probes/`` under a key of everything that matters, so later starts cost
 one ``stat`` and no decode.
 
-    python -m edgespec.engine.probe MODEL.gguf [--no-repack] [--gpu-layers N]   # the child
+    python -m edgespec.engine.probe MODEL.gguf [--no-repack] [--gpu-layers N] [--reductions backend]
 """
 
 from __future__ import annotations
@@ -23,17 +23,22 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from ..errors import EngineError
 
 PROBE_TIMEOUT = 300.0  # seconds: loading a large model from a cold disk can take a while
 BATCH = 16
 
 
-def probe_key(model_path: str, repack: bool, gpu_layers: int, system_info: str, cpu: str) -> str:
+def probe_key(
+    model_path: str, repack: bool, gpu_layers: int, system_info: str, cpu: str, reductions: str = "numpy"
+) -> str:
     """Everything that decides whether the kernels work: the build, the CPU, the file, the settings."""
     stat = os.stat(model_path)
+    settings = [repack, gpu_layers] + ([reductions] if reductions != "numpy" else [])  # numpy: the old keys
     ident = json.dumps(
-        [system_info, cpu, os.path.abspath(model_path), stat.st_size, stat.st_mtime_ns, repack, gpu_layers,
+        [system_info, cpu, os.path.abspath(model_path), stat.st_size, stat.st_mtime_ns, *settings,
          _llama_version()],
     )
     return hashlib.sha256(ident.encode()).hexdigest()[:24]
@@ -59,15 +64,21 @@ def _llama_version() -> str:
 
 
 def ensure_backend_works(
-    model_path: str, repack: bool, gpu_layers: int, system_info: str, probe_dir: Path | None = None
+    model_path: str,
+    repack: bool,
+    gpu_layers: int,
+    system_info: str,
+    probe_dir: Path | None = None,
+    reductions: str = "numpy",
 ) -> None:
     """Probe ``model_path`` in a child process unless this exact combination passed before (remembered
-    in ``probe_dir``; None: probe every time)."""
-    key = probe_key(model_path, repack, gpu_layers, system_info, cpu_identity())
+    in ``probe_dir``; None: probe every time); ``reductions``: the context's (backend: its samplers'
+    kernels decode too)."""
+    key = probe_key(model_path, repack, gpu_layers, system_info, cpu_identity(), reductions)
     marker = probe_dir / f"{key}.ok" if probe_dir is not None else None
     if marker is not None and marker.exists():
         return
-    command = [*_probe_command(), model_path, "--gpu-layers", str(gpu_layers)]
+    command = [*_probe_command(), model_path, "--gpu-layers", str(gpu_layers), "--reductions", reductions]
     if not repack:
         command.append("--no-repack")
     if not run_probe(command, model_path):
@@ -113,17 +124,23 @@ def child(argv: list[str] | None = None) -> int:
     parser.add_argument("model")
     parser.add_argument("--no-repack", action="store_true")
     parser.add_argument("--gpu-layers", type=int, default=0)
+    parser.add_argument("--reductions", default="numpy")
     args = parser.parse_args(argv)
     from ._context import Context, ContextSettings
     from ._model import Model
+    from .samplers import Keep
 
     model = Model(args.model, n_gpu_layers=args.gpu_layers, repack=not args.no_repack)
-    ctx = Context(model, ContextSettings(n_ctx=256, n_batch=64, n_seq_max=1, n_threads=0))
+    settings = ContextSettings(n_ctx=256, n_batch=64, n_seq_max=1, n_threads=0, reductions=args.reductions)
+    ctx = Context(model, settings)
     try:
         tokens = model.tokenize("def probe(x):\n    return x + 1\n" * 4)[: BATCH + 1]
         ctx.decode(tokens[:1], [0], [(0,)], [True])
+        if ctx.reductions == "backend":  # the target's top-k, then the draft's top-K softmax (samplers.py)
+            ctx.keep(Keep(8, 1.0, model.n_vocab))
         ctx.decode(tokens[1:], range(1, len(tokens)), [(0,)] * (len(tokens) - 1), [True] * (len(tokens) - 1))
-        rows = ctx.logits_rows(len(tokens) - 1)
+        n = len(tokens) - 1
+        rows = ctx.logits_rows(n) if ctx.kept is None else np.concatenate(ctx.sampled_rows(n)[2])
         if not bool(abs(rows).sum() > 0):
             print("the test decode returned all-zero logits", file=sys.stderr)
             return 3

@@ -11,7 +11,7 @@ import pytest
 
 from edgespec.decoding.decoder import Request, generate
 from edgespec.decoding.sampling import SamplingParams
-from edgespec.engine import EngineSettings, ModelPair
+from edgespec.engine import EngineSettings, ModelPair, probe
 from edgespec.engine._context import Context, ContextSettings
 from edgespec.engine._model import Model
 from edgespec.engine.rows import RowsVerified, draft_dists
@@ -162,3 +162,12 @@ def test_sampling_through_the_backend_samplers_is_lossless(name):
     pair = make_pair()
     result = run(planner_for(name, pair), pair, 4000, seed=1, history=history_for(name), backend=True)
     assert result.max_depth >= 3 and result.passed, (result.p_first, result.p_later)
+
+
+def test_the_probe_decodes_with_the_backend_samplers_too(tiny_gguf):
+    """A context with backend reductions is probed with its samplers' kernels, under a key of its own
+    (numpy reductions keep the keys probes were remembered under)."""
+    assert probe.child([tiny_gguf, "--reductions", "backend"]) == 0
+    key = probe.probe_key(tiny_gguf, True, 0, "build", "cpu")
+    assert key == probe.probe_key(tiny_gguf, True, 0, "build", "cpu", "numpy")
+    assert key != probe.probe_key(tiny_gguf, True, 0, "build", "cpu", "backend")
