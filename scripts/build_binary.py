@@ -23,8 +23,8 @@ It needs only ``sh``, ``tail``, ``tar`` and ``gzip``, which every Linux has.
 (``python scripts/install_llama.py`` on a machine with an NVIDIA GPU). The CUDA libraries that build
 links (``libcudart``, ``libcublas``: hundreds of MB) are not frozen in: the machine it runs on needs the
 NVIDIA driver and the CUDA runtime of the same major version, from the system or the ``nvidia-*`` pip
-wheels. At start the binary names a missing one in one line, with what to install, instead of a loader
-error.
+wheels. At start the binary names a missing one, or a driver older than the runtime, in one line with
+what to install, instead of a loader error or a silent fall back to the CPU.
 """
 
 from __future__ import annotations
@@ -50,18 +50,31 @@ EXCLUDED = (
     "transformers", "peft", "accelerate", "safetensors", "sympy", "networkx", "tokenizers",
 )
 ENTRY = "import sys\nfrom edgespec.cli import main\nsys.exit(main())\n"
-# The CUDA binary's entry: each CUDA library the build links is looked up before anything loads it.
-# Looked up as the loader will: the system's paths, then the build's own runpath (a toolkit from PyPI).
+# The CUDA binary's entry: each CUDA library the build links is looked up before anything loads it, in
+# the loader's order (LD_LIBRARY_PATH, the build's own runpath: a toolkit from PyPI, the system's); then
+# the driver's CUDA version must reach the runtime's major version (cudaDriverGetVersion: 12040 is 12.4).
 CUDA_ENTRY = """import ctypes, os, sys
 def found(name):
-    for folder in ("", *{runpath!r}):
+    for folder in (*filter(None, os.environ.get("LD_LIBRARY_PATH", "").split(":")), *{runpath!r}, ""):
         try:
             return ctypes.CDLL(os.path.join(folder, name))
         except OSError:
             pass
+def stop(problem):
+    sys.exit(f"edgespec-cuda: {{problem}}. Without an NVIDIA GPU use the CPU binary.")
+libs = {{}}
 for name, fix in {needs!r}:
-    if not found(name):
-        sys.exit(f"edgespec-cuda: {{name}} is missing: {{fix}}. Without an NVIDIA GPU use the CPU binary.")
+    libs[name] = found(name) or stop(f"{{name}} is missing: {{fix}}")
+for name, lib in libs.items():
+    if name.startswith("libcudart"):
+        driver, runtime = ctypes.c_int(), ctypes.c_int()
+        lib.cudaDriverGetVersion(ctypes.byref(driver)), lib.cudaRuntimeGetVersion(ctypes.byref(runtime))
+        if driver.value == 0:
+            stop("no NVIDIA driver answers (cudaDriverGetVersion: 0): install the NVIDIA driver")
+        if driver.value // 1000 < runtime.value // 1000:
+            runs = f"{{driver.value // 1000}}.{{driver.value % 1000 // 10}}"
+            stop(f"the NVIDIA driver runs CUDA {{runs}} at most, this binary needs CUDA "
+                 f"{{runtime.value // 1000}}: update the driver {driver_hint}")
 from edgespec.cli import main
 sys.exit(main())
 """
@@ -111,8 +124,15 @@ def cuda_libs(lib_dir: Path) -> tuple[list[str], list[str]]:
     return cuda_needs(readelf.stdout)
 
 
+DRIVER_FOR = {12: "525", 13: "580"}  # the oldest Linux driver of each CUDA major version
+
+
 def cuda_entry(needs: list[str], runpath: list[str]) -> str:
-    return CUDA_ENTRY.format(needs=[(name, how_to_get(name)) for name in needs], runpath=tuple(runpath))
+    runtime = next((name for name in needs if name.startswith("libcudart")), "")
+    major = int(runtime.rsplit(".so.", 1)[-1].split(".")[0] or 0) if runtime else 0
+    hint = f"({DRIVER_FOR[major]} or newer)" if major in DRIVER_FOR else "(see nvidia-smi's CUDA Version)"
+    needs_fixes = [(name, how_to_get(name)) for name in needs]
+    return CUDA_ENTRY.format(needs=needs_fixes, runpath=tuple(runpath), driver_hint=hint)
 
 
 def drop_cuda_runtime(app_dir: Path, needs: list[str]) -> list[str]:

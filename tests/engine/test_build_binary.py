@@ -39,8 +39,9 @@ def test_the_cuda_libraries_and_runpath_come_from_readelf():
 
 
 def run_entry(entry: str, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "LD_LIBRARY_PATH": ""}  # the runpath, then the system's
     return subprocess.run([sys.executable, "-c", entry, *args], capture_output=True, text=True, timeout=120,
-                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+                          cwd=ROOT, env=env)  # fmt: skip
 
 
 def test_a_missing_cuda_library_is_named_in_one_line_with_what_to_install():
@@ -50,13 +51,38 @@ def test_a_missing_cuda_library_is_named_in_one_line_with_what_to_install():
     assert line.startswith("edgespec-cuda: libcudart.so.99 is missing: install the CUDA 99 runtime")
 
 
-@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler to make a stand-in library")
+def fake_cudart(folder: Path, driver: int, runtime: int) -> None:
+    """A stand-in libcudart.so.13 reporting these CUDA versions (12040: 12.4), found by the runpath
+    before any the system has."""
+    source = (f"int cudaDriverGetVersion(int *v) {{ *v = {driver}; return 0; }}\n"
+              f"int cudaRuntimeGetVersion(int *v) {{ *v = {runtime}; return 0; }}\n")  # fmt: skip
+    out = folder / "libcudart.so.13"
+    cc = ["cc", "-shared", "-fPIC", "-x", "c", "-", "-o", str(out)]
+    subprocess.run(cc, input=source, text=True, check=True)
+
+
+needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler for a stand-in library")
+
+
+@needs_cc
 def test_a_library_in_the_builds_runpath_is_found_and_the_app_starts(tmp_path):
-    fake = tmp_path / "libcudart.so.99"  # an empty stand-in, found only through the recorded runpath
-    subprocess.run(["cc", "-shared", "-x", "c", "-", "-o", str(fake)], input="", text=True, check=True)
-    done = run_entry(B.cuda_entry(["libcudart.so.99"], [str(tmp_path)]), "--help")
+    fake_cudart(tmp_path, driver=13010, runtime=13000)
+    done = run_entry(B.cuda_entry(["libcudart.so.13"], [str(tmp_path)]), "--help")
     assert done.returncode == 0, done.stderr
     assert "generate" in done.stdout
+
+
+@needs_cc
+def test_a_driver_older_than_the_runtime_or_none_is_named_with_the_fix(tmp_path):
+    fake_cudart(tmp_path, driver=12040, runtime=13000)
+    done = run_entry(B.cuda_entry(["libcudart.so.13"], [str(tmp_path)]), "--help")
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    (line,) = done.stderr.splitlines()
+    assert "the NVIDIA driver runs CUDA 12.4 at most, this binary needs CUDA 13" in line
+    assert line.endswith("update the driver (580 or newer). Without an NVIDIA GPU use the CPU binary.")
+    fake_cudart(tmp_path, driver=0, runtime=13000)  # what the runtime answers where no driver is loaded
+    done = run_entry(B.cuda_entry(["libcudart.so.13"], [str(tmp_path)]), "--help")
+    assert done.returncode == 1 and "no NVIDIA driver answers" in done.stderr
 
 
 def test_cuda_refuses_a_cpu_build_of_llama_cpp_python(tmp_path, monkeypatch, capsys):
