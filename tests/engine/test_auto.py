@@ -236,13 +236,24 @@ def test_simulated_forecast_grows_with_the_draft_quality():
 
 
 def test_pending_catch_up_counts_against_speculating():
-    # The draft must first decode many tokens it skipped (compute-bound draft, cheap target batches).
-    costs = CostModel.from_functions(
-        lambda n: 0.010 if n <= 8 else 0.03, lambda n: 0.0015, lambda n: 0.004 * n
-    )
-    planner = AutoPlanner(costs=costs)
-    assert planner.policy.decide(pending=1, cap=32) == SPECULATE
-    assert planner.policy.decide(pending=200, cap=32) == PLAIN
+    # The draft must first decode many tokens it skipped (cheap target batches): a catch-up of 50 ms a
+    # token costs more than a speculative step gains, however long the answer is taken to run; one of
+    # 4 ms a token is paid back (over as many steps as the plain stretch: ``catch_up_share``).
+    def costs(per_token: float) -> CostModel:
+        return CostModel.from_functions(
+            lambda n: 0.010 if n <= 8 else 0.03, lambda n: 0.0015, lambda n: 0.004 + per_token * (n - 1)
+        )
+
+    dear = AutoPlanner(costs=costs(0.05))
+    assert dear.policy.decide(pending=1, cap=32) == SPECULATE
+    assert dear.policy.decide(pending=200, cap=32) == PLAIN
+    cheap = AutoPlanner(costs=costs(0.004))
+    assert cheap.policy.decide(pending=200, cap=32) == SPECULATE
+    rates = []
+    for pending in (1, 8, 200):
+        cheap.policy.decide(pending=pending, cap=32)
+        rates.append(cheap.policy.forecast_rate)
+    assert rates[0] > rates[1] > rates[2]  # still charged, a share of it per step
 
 
 # -- on the fake engine ---------------------------------------------------------------------------------

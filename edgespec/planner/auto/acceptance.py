@@ -14,8 +14,12 @@ log-odds,
 node of a verified tree's accepted path whose draft children it held, was the target's next token the
 draft's top-1 child (q its probability)? Older trials fade by ``acceptance_decay`` per step; a Gaussian prior
 (``acceptance_prior_weight``) holds (a, b) near where the pair's fit puts them (``Calibration.set_fit``)
-until trials say otherwise. A node's chance is the product of its path's chances, each capped so that
-siblings share at most 1 (``calibrated``): the top m nodes by it still form a subtree.
+until trials say otherwise. A fit measured on n positions weighs on b as the trials it saw would
+(``from_rate``), up to ``fit_trials`` of them: otherwise four unlucky one-token trees, on a 7B target
+where drafting wins by 12 %, moved the curve below break-even, and auto decoded plainly for the rest of
+its answer (plain steps teach the curve nothing). A node's chance is the product of its path's
+chances, each capped so that siblings share at most 1 (``calibrated``): the top m nodes by it still
+form a subtree.
 """
 
 from __future__ import annotations
@@ -61,18 +65,27 @@ def trials(tree, path) -> list[tuple[float, bool]]:
 class Acceptance:
     """The curve (a, b), its prior, and the trials it was fitted to."""
 
-    def __init__(self, a: float = 1.0, b: float = 0.0):
+    def __init__(self, a: float = 1.0, b: float = 0.0, b_weight: float | None = None):
         self.prior = np.array([a, b])
+        # the prior's pull, 1 / variance, on a and on b
+        self.prior_weight = TUNING.acceptance_prior_weight.copy()
+        if b_weight is not None:
+            self.prior_weight[1] = max(b_weight, self.prior_weight[1])
         self.theta = self.prior.copy()
         self.step = 0
         # (logit q, hit, step)
         self._trials: deque[tuple[float, float, int]] = deque(maxlen=TUNING.trials_kept)
 
     @classmethod
-    def from_rate(cls, q: float, right: float) -> Acceptance:
+    def from_rate(cls, q: float, right: float, seen: int = 0) -> Acceptance:
         """The prior where a guess of probability q is right ``right`` of the time: b = logit(right) −
-        logit(q) at a = 1 (a pair's fit gives its mean top-1 and how often it was right)."""
-        return cls(1.0, float(np.clip(logit(min(right, 0.99)) - logit(q), *TUNING.b_range)))
+        logit(q) at a = 1 (a pair's fit gives its mean top-1 and how often it was right, over ``seen``
+        positions). Its pull on b is what those trials' own would be: each trial's Fisher information
+        on the log-odds is right · (1 − right), so n = min(seen, ``fit_trials``) of them pull with
+        n · right · (1 − right) (never less than the default's)."""
+        right = min(right, 0.99)
+        b = float(np.clip(logit(right) - logit(q), *TUNING.b_range))
+        return cls(1.0, b, min(seen, TUNING.fit_trials) * right * (1.0 - right))
 
     @property
     def a(self) -> float:
@@ -102,8 +115,8 @@ class Acceptance:
         theta = self.theta.copy()
         for _ in range(NEWTON_STEPS):  # maximise Σ w·log-likelihood − ½ Σ prior weight·(θ − prior)²
             p = 1.0 / (1.0 + np.exp(-(features @ theta)))
-            grad = features.T @ (w * (y - p)) - TUNING.acceptance_prior_weight * (theta - self.prior)
-            hess = -(features.T * (w * p * (1 - p))) @ features - np.diag(TUNING.acceptance_prior_weight)
+            grad = features.T @ (w * (y - p)) - self.prior_weight * (theta - self.prior)
+            hess = -(features.T * (w * p * (1 - p))) @ features - np.diag(self.prior_weight)
             step = np.linalg.solve(hess, grad)
             theta = theta - step
             if np.abs(step).max() < 1e-4:

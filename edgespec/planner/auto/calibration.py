@@ -79,7 +79,7 @@ class Calibration:
     def set_fit(self, fit: DraftFit) -> None:
         """Start the acceptance curve and the profile from the pair's measured fit."""
         top1 = float(fit.profile[0])
-        self.acceptance = Acceptance.from_rate(top1, fit.ratio * top1)
+        self.acceptance = Acceptance.from_rate(top1, fit.ratio * top1, fit.tokens)
         self.profile = np.asarray(fit.profile, dtype=np.float64).copy()
         self.chain_hit = (
             fit.runs[TUNING.look_ahead_chain] if len(fit.runs) > TUNING.look_ahead_chain else None

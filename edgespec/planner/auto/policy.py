@@ -14,8 +14,9 @@ the probability q the draft gave it (``acceptance``).
    n · c_t(1)), auto never drafts: only copies, which cost no drafting, may still pay.
 2. **Forecast.** Otherwise a step's growth is simulated on the draft's average distribution with the
    acceptance curve (``costmodel.simulate``); the draft's catch-up on tokens it has not seen (one batched
-   decode after plain steps) is spread over ``horizon`` steps. Draft when the forecast beats plain
-   decoding by ``margin``; ``PARALLEL`` when a one-pass tree's forecast beats both.
+   decode after plain steps) is spread over as many steps as the plain stretch, ``horizon`` at least
+   (``catch_up_share``). Draft when the forecast beats plain decoding by ``margin``; ``PARALLEL`` when
+   a one-pass tree's forecast beats both.
 3. **Probes.** When the forecast says plain but step 1 says speculation could pay, auto still
    drafts now and then so that the curve stays fresh — when a probe's worst-case loss fits the probe credit,
    which grows by ``probe_budget`` × every step's time within the answer (an answer starts with no
@@ -119,6 +120,8 @@ class Policy:
             copies, self.why = 0, f"copies lost to plain decoding, retry in {guards.copies.waiting(step)}"
         if copies:
             mode = Mode.COPY
+        now, later = self._catch_up_tokens(pending), self._catch_up_tokens(pending + 1)
+        guards.drafts.bring_forward(pending, None if now is None or later is None else (now, later))
         if mode in DRAFTING and not guards.drafts.allows(step, pending):
             wait = guards.drafts.waiting(step)
             mode, self.why = (
@@ -144,7 +147,7 @@ class Policy:
             seconds = float(costs.k(1))
             self._forecast = cal.epoch, simulate(seconds, 1.0, costs, cap, cal.chances, self.max_depth)
         f = self._forecast[1]
-        catchup = float(costs.k(max(pending, 1)) - costs.k(1)) / TUNING.horizon
+        catchup = catch_up_share(costs, pending)
         self.forecast_rate = (1.0 + f.expected) / (f.seconds + catchup)
         rival = max(plain_rate * (1 + TUNING.margin), self.forecast_rate)
         if self.masks and (parallel := self._parallel_rate(pending, cap)) > rival:
@@ -184,6 +187,15 @@ class Policy:
             rival = max(rival, self.forecast_rate)
         return self.copies.alone(trie, cap, rival)
 
+    def _catch_up_tokens(self, pending: int) -> float | None:
+        """The draft's catch-up on ``pending`` tokens beyond a step's own root, in plain decodes'
+        worth, as the curves say: (c_k(pending) − c_k(1)) / c_t(1) (None: no curves)."""
+        cal = self.calibration
+        if cal.costs is None:
+            return None
+        costs = cal.effective
+        return float(costs.k(max(pending, 1)) - costs.k(1)) / cal.plain_decode
+
     def _parallel_rate(self, pending: int, cap: int) -> float:
         """Forecast of a one-pass tree: (1 + r_par · E_par) / (c_k(pending + K) + c_t(m_par + 1))."""
         cal, costs = self.calibration, self.calibration.effective
@@ -209,3 +221,19 @@ class Policy:
         self.credit = min(self.credit + self.probe_budget * seconds, TUNING.credit_max * cal.plain_decode)
         if mode == Mode.PROBE:
             self.credit -= max(seconds - len(event.tokens) * plain_seconds, 0.0)
+
+
+def catch_up_share(costs: CostModel, pending: int) -> float:
+    """The part of the draft's catch-up on ``pending`` tokens (one batched decode, c_k(p), after plain
+    steps) that one speculative step is charged, beyond the root every step decodes:
+
+        (c_k(p) − c_k(1)) / max(horizon, p − 1).
+
+    The catch-up is paid once, by the first step that drafts, and serves every step after it: it is
+    spread over at least ``horizon`` steps, and over as many as the plain stretch that made it (an
+    answer that ran p − 1 plain steps is taken to run that many more). Spread over ``horizon`` alone,
+    a long plain stretch was a trap: its charge grew with every plain step (a 7B target on 16 cores
+    whose forecast fell just under the margin once never drafted again in its answer, probes
+    included), while this one tends to the slope of c_k, one pending token's batched cost."""
+    p = max(pending, 1)
+    return float(costs.k(p) - costs.k(1)) / max(TUNING.horizon, p - 1)
