@@ -3,7 +3,7 @@
 # pure-Python packages edgespec needs that a bare PyTorch machine may lack, and a tiny GGUF that
 # carries the Qwen2.5 tokenizer (the GPU machine has no models). Everything goes to gpu-kit/
 # (git-ignored), which is carried to the GPU machine with the working tree: the whole must stay
-# under 64 MiB.
+# under 64 MiB (or, cross-built, packed by scripts/gpu/build.sh --cross into gpu-carry/).
 #
 #   scripts/gpu/pack.sh [SDIST.tar.gz] [TOKENIZER.gguf]
 #
@@ -46,10 +46,13 @@ done
 cp -r "$SRC/llama_cpp" "$KIT/py/" && rm -rf "$KIT/py/llama_cpp/server" "$KIT/py/llama_cpp/lib"
 cp -r "$LC/gguf-py/gguf" "$KIT/site/"
 SITE=$($PY -c "import jinja2, os; print(os.path.dirname(os.path.dirname(jinja2.__file__)))")
-for pkg in diskcache platformdirs yaml jinja2 markupsafe typing_extensions.py httpx2 httpcore2 truststore; do
+# rich, huggingface_hub (tqdm, filelock) and idna: edgespec.models.store imports them, and the profile
+# code check.py and kit.py run reaches it (found by listing what `import check` loads)
+for pkg in diskcache platformdirs yaml jinja2 markupsafe typing_extensions.py httpx2 httpcore2 truststore \
+  rich huggingface_hub tqdm filelock idna; do
   cp -r "$SITE/$pkg" "$KIT/site/"
 done
-cp -r "$SITE"/{httpx2,httpcore2,truststore}-*.dist-info "$KIT/site/"  # they read their own version
+cp -r "$SITE"/{httpx2,httpcore2,truststore,huggingface_hub}-*.dist-info "$KIT/site/"  # they read their version
 find "$KIT" -name '__pycache__' -prune -exec rm -rf {} +
 
 # The tokenizer: a 1-layer, 64-wide random model of the Qwen2.5 family (also a tiny model to test with).

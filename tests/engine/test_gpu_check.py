@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -68,3 +69,18 @@ def test_a_token_that_is_not_its_rows_argmax_is_counted():
     assert check.argmax_errors(step([5, 2, 7]), joined) == (3, 0)
     assert check.argmax_errors(step([5, 2, 6]), joined) == (3, 1)
     assert check.argmax_errors(step([5]), object()) == (0, 0)  # rows not kept: nothing to check
+
+
+def test_the_carry_holds_every_package_the_check_imports():
+    """What `import check` loads beyond the standard library is numpy, llama_cpp (the kit's py/) or a
+    package pack.sh copies into the kit's site/: the GPU machine has no package registry."""
+    listing = "import sys, check; print(*{m.split('.')[0] for m in sys.modules} - sys.stdlib_module_names)"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("", "scripts/gpu", "scripts"))}
+    done = subprocess.run([sys.executable, "-c", listing], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    loaded = done.stdout.split()
+    packed = re.search(r"for pkg in (.*?); do", (ROOT / "scripts/gpu/pack.sh").read_text(), re.S).group(1)
+    allowed = {p.removesuffix(".py") for p in packed.replace("\\", " ").split()}
+    allowed |= {"numpy", "llama_cpp", "gguf", "edgespec", "check", "kit", "randomgguf", "rowcheck"}
+    missing = {m for m in loaded if not m.startswith("_") and not m.startswith("cython")} - allowed
+    assert not missing, f"add to scripts/gpu/pack.sh's site packages: {sorted(missing)}"
