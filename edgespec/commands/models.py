@@ -177,13 +177,14 @@ def run_advise(args) -> int:
         print(json.dumps({**doc, "best": best.pair if best else None, "commands": commands}, indent=2))
         return 0
     console = Console()
-    console.print(f"this machine: {machine.describe()} (CPU only)")
-    console.print(_advice_table(rows))
-    if any(r.acceptance == advise.BUNDLED_FIT for r in rows):
-        console.print(
-            "acceptance: where a pair has not run here, the bundled pair's is assumed; "
-            f"'at lower acc.' is the speedup were its guesses right {advise.LOWER:g}× as often."
-        )
+    console.print(f"this machine: {machine.describe()}")
+    console.print(_advice_table(rows, console.width >= 100))
+    console.print(
+        f"rests on: the curves/the acceptance. Curves: files = {advise.REAL}; fitted = {advise.FITTED} "
+        f"to its weights; random = {advise.RANDOM}. Acceptance: own = {advise.OWN_FIT}; bundled = the "
+        f"bundled pair's, assumed. ({advise.LOWER:g}): the speedup were the draft's guesses right "
+        f"{advise.LOWER:g}× as often."
+    )
     for note in sorted({f"{r.pair}: {r.note}" for r in rows if r.note}):
         console.print(note)
     for line in commands:
@@ -200,19 +201,28 @@ def _advise_commands(best) -> list[str]:
     return [*pull, f"edgespec chat --pair {best.pair} --strategy {strategy}{budget}"]
 
 
-def _advice_table(rows) -> Table:
-    table = Table(title="which pair for this machine", title_justify="left", box=box.SIMPLE_HEAD)
-    for column in ("pair", "fits", "plain tok/s", "best", "speedup", "at lower acc.", "curves", "acceptance"):
-        table.add_column(column, overflow="fold")
+def _advice_table(rows, wide: bool) -> Table:
+    from ..profile import advise
+
+    short = {advise.REAL: "files", advise.RANDOM: "random", advise.FITTED: "fitted"}
+    own = {advise.OWN_FIT: "own", advise.BUNDLED_FIT: "bundled"}
+    table = Table(
+        title="which pair for this machine", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False
+    )
+    for column in ("pair", "fits", "tok/s", "best", f"speedup ({advise.LOWER:g})", "rests on"):
+        table.add_column(column, no_wrap=column != "rests on", min_width=12 if column == "rests on" else None)
     for r in rows:
-        fits = f"{'yes' if r.fits else '[red]no[/]'} ({format_bytes(r.need)})" if r.need else "?"
+        fits = ("yes" if r.fits else "[red]no[/]") if r.need else "?"
+        if r.need and wide:
+            fits += f" {format_bytes(r.need)}"
+        if r.fits_gpu is not None:
+            fits += f", GPU {'yes' if r.fits_gpu else 'no'}"
         if r.plain is None:
-            table.add_row(r.pair, fits, "-", "-", "-", "-", r.note, "")
+            table.add_row(r.pair, fits, "-", "-", "-", "- (below)")
             continue
         low = r.lower.get(r.best, 1.0)
-        table.add_row(
-            r.pair, fits, f"{r.plain:.1f}", r.best, f"{r.speedup:.2f}×", f"{low:.2f}×", r.curves, r.acceptance
-        )
+        rests = f"{short.get(r.curves, r.curves)}/{own.get(r.acceptance, r.acceptance)}"
+        table.add_row(r.pair, fits, f"{r.plain:.1f}", r.best, f"{r.speedup:.2f}× ({low:.2f}×)", rests)
     return table
 
 

@@ -49,15 +49,22 @@ class Machine:
     cores: int
     threads: int  # the threads the curves are measured (and the pairs would run) with
     ram: int  # bytes
+    gpus: tuple[str, ...] = ()  # the GPUs llama.cpp can use (none in a CPU build)
+    vram: int = 0  # bytes free on them together
 
     def describe(self) -> str:
-        return f"{self.cpu}, {self.cores} cores, {self.threads} threads, {self.ram / 2**30:.1f} GiB RAM"
+        gpus = f"; {', '.join(self.gpus)}, {self.vram / 2**30:.1f} GiB free" if self.gpus else "; no GPU used"
+        return f"{self.cpu}, {self.cores} cores, {self.threads} threads, {self.ram / 2**30:.1f} GiB RAM{gpus}"
 
 
 def this_machine(threads: int = 0) -> Machine:
+    from ..engine.offload import gpu_devices
+
     cores = os.cpu_count() or 1
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return Machine(cpu_model(), cores, threads or cores, ram)
+    devices = gpu_devices()
+    gpus = tuple(d.description for d in devices)
+    return Machine(cpu_model(), cores, threads or cores, ram, gpus, sum(d.free for d in devices))
 
 
 @dataclass(frozen=True)
@@ -65,7 +72,8 @@ class Row:
     pair: str
     installed: bool
     need: int  # bytes: both files and their KV caches at the context size
-    fits: bool
+    fits: bool  # in RAM
+    fits_gpu: bool | None = None  # wholly in the GPUs' free memory (None: no GPU)
     curves: str = ""  # REAL, RANDOM or FITTED ("": no prediction, see ``note``)
     acceptance: str = ""  # OWN_FIT or BUNDLED_FIT
     plain: float | None = None  # tokens/s
@@ -176,7 +184,8 @@ def row(
 ) -> Row:
     need = need_bytes(pair, n_ctx)
     fits = need is not None and need <= HEADROOM * machine.ram
-    base = Row(pair.name, installed, need or 0, fits, recommended=f"{pair.strategy}:{pair.budget}")
+    fits_gpu = (need is not None and need <= machine.vram) if machine.gpus else None
+    base = Row(pair.name, installed, need or 0, fits, fits_gpu, recommended=f"{pair.strategy}:{pair.budget}")
     if costs is None or fit is None:
         return replace(base, note=f"no prediction: {why or 'its draft guessed nothing in the fit'}")
     now, low = predict(costs, fit), predict(costs, lowered(fit))

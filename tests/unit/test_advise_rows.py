@@ -40,6 +40,9 @@ def test_a_pair_fits_only_in_enough_ram():
     assert one.speedups["chain:4"] == pytest.approx(chain_speedup(costs(), fit(), 4))
     assert one.lower["chain:4"] < one.speedups["chain:4"]
     assert not advise.row(SEVEN, False, small, 4096, costs(), advise.FITTED, fit(), False).fits
+    assert one.fits_gpu is None  # no GPU
+    gpu = advise.Machine("cpu", 2, 2, ram=32 * 2**30, gpus=("a GPU",), vram=need - 1)
+    assert advise.row(SEVEN, False, gpu, 4096, costs(), advise.FITTED, fit(), False).fits_gpu is False
 
 
 def test_fitted_curves_follow_the_weights():
