@@ -8,7 +8,7 @@ The cost curves of a pair come from, best first:
 2. ``RANDOM`` (``--measure``): a random-weight GGUF of the target's shape and quantisation, timed here
    (``measure_like``, cached per machine);
 3. ``FITTED``: the curves of the bundled pair measured here, rescaled to the target's and the draft's
-   bytes of weights (``advice.line_through``: c(1) = a + b · bytes through the bundled target and draft).
+   bytes of weights (c(1) ∝ bytes^α, α through the bundled target and draft: ``advice.exponent_through``).
 
 Without the pair's own fit, its acceptance is the bundled pair's (said so in ``acceptance``), and the
 speedup at a lower acceptance is shown beside it. The result is cached in ``<data home>/advice.json``,
@@ -28,7 +28,7 @@ from ..models.paths import advice_path
 from ..models.random_gguf import Dims, nbytes, tensor_specs
 from ..models.shapes import shape_of
 from ..models.specs import ModelSpec, PairSpec
-from ..planner.advice import LOWER, fitted_curve, line_through, lowered, predict
+from ..planner.advice import LOWER, exponent_through, fitted_curve, lowered, predict
 from ..planner.costmodel import CostModel, DraftFit
 from ..progress import Progress
 from .attach import PairProfile
@@ -158,11 +158,11 @@ def fitted(reference: Measured, bundled: PairSpec, pair: PairSpec) -> CostModel 
         return None
     w = {name: weight_bytes(d) for name, d in dims.items() if d is not None}
     ref = reference.costs
-    # one token's decode through the target's and the draft's measured c(1): the draft's catch-up of
-    # one token is its plain decode
-    a, b = line_through(w[bundled.draft.name], float(ref.k(1)), w[bundled.target.name], float(ref.t(1)))
-    t1, d1 = a + b * w[pair.target.name], a + b * w[pair.draft.name]
-    scale_draft = d1 / float(ref.k(1))
+    # one token's decode through the target's and the draft's measured c(1) (the draft's catch-up of
+    # one token is its plain decode), scaled as bytes^α
+    alpha = exponent_through(w[bundled.draft.name], float(ref.k(1)), w[bundled.target.name], float(ref.t(1)))
+    t1 = float(ref.t(1)) * (w[pair.target.name] / w[bundled.target.name]) ** alpha
+    scale_draft = (w[pair.draft.name] / w[bundled.draft.name]) ** alpha
     return CostModel(
         target=fitted_curve(ref.target, t1),
         draft=ref.draft * scale_draft,

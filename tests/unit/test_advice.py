@@ -9,8 +9,8 @@ from edgespec.planner.advice import (
     auto_speedup,
     chain_speedup,
     chain_tokens,
+    exponent_through,
     fitted_curve,
-    line_through,
     lowered,
     predict,
 )
@@ -54,10 +54,12 @@ def test_prediction_picks_the_best_strategy():
     assert key == "auto" or p.chains[int(key.split(":")[1])] == value
 
 
-def test_line_through_two_models_and_its_fallback_through_zero():
-    assert line_through(1.0, 2.0, 3.0, 4.0) == pytest.approx((1.0, 1.0))
-    # a negative fixed cost is not physical: through 0 and the larger model instead
-    assert line_through(1.0, 1.0, 3.0, 6.0) == pytest.approx((0.0, 2.0))
+def test_cost_grows_as_a_power_of_the_bytes_at_most_in_proportion():
+    assert exponent_through(1.0, 2.0, 4.0, 4.0) == pytest.approx(0.5)  # 4× the bytes, 2× the cost
+    # costs that rise faster than the bytes (a draft of faster types than the target): proportional
+    assert exponent_through(1.0, 1.0, 2.0, 3.0) == 1.0
+    with pytest.raises(ValueError, match="different sizes"):
+        exponent_through(1.0, 1.0, 1.0, 2.0)
 
 
 def test_fitted_curve_keeps_the_shape():

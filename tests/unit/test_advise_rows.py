@@ -8,7 +8,7 @@ import pytest
 
 from edgespec.models.shapes import shape_of
 from edgespec.models.specs import ModelSpec, PairSpec
-from edgespec.planner.advice import chain_speedup, line_through
+from edgespec.planner.advice import chain_speedup, exponent_through
 from edgespec.profile import advise
 from tests.support.advice import costs, fit
 
@@ -46,15 +46,21 @@ def test_a_pair_fits_only_in_enough_ram():
 
 
 def test_fitted_curves_follow_the_weights():
-    # the bundled target (c_t(1) 0.11 s) and draft (catch-up 0.03 s) measured: the 7B's c_t(1) lies on
-    # their line, its curve has the bundled target's shape
+    # the bundled target (c_t(1) 0.11 s) and draft (catch-up 0.03 s) measured: the 7B's c_t(1) is the
+    # target's scaled by the bytes ratio to the power through them; its curve has the target's shape
     ref = advise.Measured(costs(), fit())
     got = advise.fitted(ref, BUNDLED, SEVEN)
     w = {s.name: advise.weight_bytes(shape_of(s.name)) for s in (BUNDLED.target, BUNDLED.draft, SEVEN.target)}
-    a, b = line_through(w[BUNDLED.draft.name], 0.03, w[BUNDLED.target.name], 0.11)
-    assert got.t(1) == pytest.approx(a + b * w[SEVEN.target.name])
+    alpha = exponent_through(w[BUNDLED.draft.name], 0.03, w[BUNDLED.target.name], 0.11)
+    assert alpha == 1.0  # 0.11 / 0.03 is more than the bytes ratio (about 1.8): proportional
+    assert got.t(1) == pytest.approx(0.11 * w[SEVEN.target.name] / w[BUNDLED.target.name])
     assert got.t(16) / got.t(1) == pytest.approx(costs().t(16) / costs().t(1))
-    assert got.t(1) > 3 * 0.11  # a 7B is several times a 1.5B
+    slower_draft = advise.Measured(costs(catchup=lambda n: 0.08), fit())
+    alpha = exponent_through(w[BUNDLED.draft.name], 0.08, w[BUNDLED.target.name], 0.11)
+    assert 0 < alpha < 1
+    got = advise.fitted(slower_draft, BUNDLED, SEVEN)
+    assert got.t(1) == pytest.approx(0.11 * (w[SEVEN.target.name] / w[BUNDLED.target.name]) ** alpha)
+    assert 0.11 < got.t(1) < 0.11 * w[SEVEN.target.name] / w[BUNDLED.target.name]
 
 
 def test_the_best_pair_is_the_fastest_that_fits():
