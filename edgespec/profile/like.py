@@ -94,7 +94,11 @@ def like_pair(name: str, settings: EngineSettings, *, progress: Progress | None 
     with tempfile.TemporaryDirectory(prefix="edgespec-like-") as tmp:
         if progress is None:
             with progress_bar(f"writing a random {like_key(name)}") as bar:
-                target = make_like(name, tmp, tokenizer_from=Path(draft), progress=bar)
+
+                def in_mib(what: str, done: int, total: int) -> None:
+                    bar("MiB", done >> 20, total >> 20)
+
+                target = make_like(name, tmp, tokenizer_from=Path(draft), progress=in_mib)
         else:
             target = make_like(name, tmp, tokenizer_from=Path(draft), progress=progress)
         label = f"{like_key(name)} (random weights)+{Path(draft).stem}"
