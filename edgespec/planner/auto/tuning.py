@@ -39,9 +39,11 @@ class Tuning:
     acceptance_prior_weight: np.ndarray = field(default_factory=lambda: _frozen(8.0, 1.0))
     # trials remembered (older ones weigh < acceptance_decay^60 ≈ 0.16 at ≥ 4 trials per step)
     trials_kept: int = 256
-    # a pair's fit pulls on b as this many of its trials at most (``Acceptance.from_rate``): about half
-    # the weight of the trials a speculating answer keeps (1–2 a step, fading by acceptance_decay: ~50)
-    fit_trials: int = 24
+    # a pair's fit pulls on b as this many of its trials at most (``Acceptance.from_rate``): its 64
+    # positions are other text, greedy, whose agreement overstates a sampled answer's (on the 7B/14B
+    # curves of tests/engine/test_auto_targets.py, 24 held that optimism until a 14B lost 12 % to the
+    # best chain; 0 let four unlucky steps stop a 7B's drafting for its answer)
+    fit_trials: int = 8
     a_range: tuple[float, float] = (0.4, 2.5)  # the curve's slope a stays within this range
     b_range: tuple[float, float] = (-8.0, 8.0)  # … and its intercept b within this one
 
