@@ -34,7 +34,7 @@ import sys
 import time
 import traceback
 from argparse import Namespace
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from itertools import product
 from pathlib import Path
 from statistics import median
@@ -190,7 +190,7 @@ def stage_lossless(args: Namespace) -> dict:
     draft, target = model_path(s.draft, args, "draft"), model_path(s.target, args)
     cases = []
     # rows are kept (and checked) under numpy's reductions; the backend's samplers keep none
-    reductions = ({"reductions": "numpy"}, {"reductions": "backend"}) if has_reductions() else ({},)
+    reductions = ({"reductions": "numpy"}, {"reductions": "backend"})
     for pair_name, (t, d) in {"draft≠target": (target, draft), "draft=target": (draft, draft)}.items():
         for flash, where in product((True, False), reductions):
             with (
@@ -236,11 +236,6 @@ def compare(run: dict, plain: dict, near_tie: float) -> dict:
     }
 
 
-def has_reductions() -> bool:
-    """Whether the engine can reduce the target's rows with llama.cpp's backend samplers."""
-    return "reductions" in {f.name for f in fields(EngineSettings)}
-
-
 def paired(runs: dict[str, callable], repeats: int) -> dict:
     """Each run ``repeats`` times, alternating the order every round; median tokens/s of each."""
     rates: dict[str, list[float]] = {name: [] for name in runs}
@@ -275,8 +270,6 @@ def stage_auto(args: Namespace) -> dict:
 
 
 def stage_sampling(args: Namespace) -> dict:
-    if not has_reductions():
-        return {"ok": True, "skipped": "not built: EngineSettings has no `reductions` (--reductions)"}
     s = args.sizes
     target, draft = model_path(s.target, args), model_path(s.draft, args, "draft")
     out: dict = {"ok": True}

@@ -13,6 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from edgespec.engine.ports import Joined
 from edgespec.engine.rows import RowsVerified
@@ -22,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 STAGES = ("sanity", "lossless", "auto", "sampling", "curves", "binary")
 
 
+@pytest.mark.slow  # 1-2 minutes on 2 cores: the full suite only
 def test_dry_run_writes_every_stage_and_each_passes(tmp_path):
     out, work = tmp_path / "out", tmp_path / "work"
     env = {
@@ -46,10 +48,9 @@ def test_dry_run_writes_every_stage_and_each_passes(tmp_path):
     assert {c["flash_attn"] for c in lossless["cases"]} == {True, False}
     assert {"chain", "dyspec", "auto"} <= {c["strategy"] for c in lossless["cases"]}
     assert lossless["rows_checked"] > 100  # the argmax check read the verify rows
-    if "skipped" not in results["sampling"]:  # the engine has backend samplers: both reductions checked
-        assert {c["reductions"] for c in lossless["cases"]} == {"numpy", "backend"}
+    assert {c["reductions"] for c in lossless["cases"]} == {"numpy", "backend"}
     assert results["auto"]["runs"]["plain"]["tokens"] and results["auto"]["auto_over_plain"] > 0
-    assert "skipped" in results["sampling"] or results["sampling"]["chain"]["same_tokens"]
+    assert results["sampling"]["chain"]["same_tokens"]
     assert [r["target_gpu_layers"] for r in results["curves"]["results"]] == [-1, 1]  # full and half of 2
     assert results["binary"]["answer"]["tokens"]
 
