@@ -6,7 +6,7 @@
 set -euo pipefail
 out=${1:?usage: build_llama_tools.sh OUTDIR}
 here=$(cd "$(dirname "$0")/../.." && pwd)
-version=$(python -c "import sys; sys.path.insert(0, '$here/scripts'); import install_llama as i; print(i.LLAMA_CPP_PYTHON)")
+version=$(python -c "import sys; sys.path.insert(0, '$here/scripts'); from llama_build.wheel import LLAMA_CPP_PYTHON as v; print(v)")
 flags=$(python -c "import sys; sys.path.insert(0, '$here/scripts'); import install_llama as i; print(' '.join(i.cmake_args(None)))")
 mkdir -p "$out" && cd "$out"
 [ -d "llama_cpp_python-$version" ] || { pip download --no-deps --no-binary :all: "llama-cpp-python==$version" -d . && tar xzf "llama_cpp_python-$version.tar.gz"; }

@@ -10,7 +10,7 @@
 # --cross (about an hour of both cores: start it early, in the background, on a quiet machine): installs
 # the CUDA toolkit wheels of CUDA_VERSION (default 13.0: the GPU machine's driver must run CUDA 13) into
 # TOOLKIT (default ~/.cache/edgespec/cuda-cross/CUDA_VERSION) once, completes it as an installed toolkit
-# (install_llama.complete_toolkit: lib64, targets/, unversioned links) with an empty stub libcuda.so
+# (llama_build/cuda.py complete_toolkit: lib64, targets/, unversioned links) with an empty stub libcuda.so
 # (soname libcuda.so.1; check.sh preloads the driver's), builds for CUDA_ARCH (default 90-real: H100,
 # H200) with portable CPU flags, and packs gpu-carry/kit.tar.xz (≤ 60 MiB), which check.sh unpacks.
 set -euo pipefail
@@ -61,7 +61,7 @@ if [ -n "$CROSS" ]; then
   if [ ! -e "$TOOLKIT/READY" ]; then
     rm -rf "$TOOLKIT"
     $PY -m pip install -q --target "$TOOLKIT" "${WHEELS[@]}"
-    PYTHONPATH=scripts $PY -c "import sys; from pathlib import Path; from install_llama import complete_toolkit
+    PYTHONPATH=scripts $PY -c "import sys; from pathlib import Path; from llama_build.cuda import complete_toolkit
 complete_toolkit(Path(sys.argv[1]), 'x86_64', None)" "$ROOT"
     mkdir -p "$ROOT/lib/stubs"  # the link step wants a libcuda; the GPU machine's driver provides the real one
     echo "" | cc -shared -x c - -Wl,-soname,libcuda.so.1 -o "$ROOT/lib/stubs/libcuda.so"

@@ -23,6 +23,7 @@ import tomllib
 from edgespec.engine._backend import amx_crash_risk
 from edgespec.engine.probe import run_probe
 from edgespec.errors import EngineError
+from tests.support.scripts import load
 
 ROOT = Path(__file__).resolve().parents[2]
 SAPPHIRE_RAPIDS = set(
@@ -32,19 +33,12 @@ SAPPHIRE_RAPIDS = set(
 ZEN3 = set("sse4_2 f16c fma bmi2 avx avx2".split())
 
 
-def _install_script():
-    spec = importlib.util.spec_from_file_location("install_llama", ROOT / "scripts" / "install_llama.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _flags(args: list[str]) -> dict[str, str]:
     return dict(a[2:].split("=", 1) for a in args if a.startswith("-D"))
 
 
 def test_install_flags_never_native_never_amx():
-    install = _install_script()
+    install = load("install_llama")
     spr = _flags(install.cmake_args(SAPPHIRE_RAPIDS))
     assert spr["GGML_NATIVE"] == "OFF"
     assert all(spr[f"GGML_AMX_{x}"] == "OFF" for x in ("TILE", "INT8", "BF16"))
@@ -60,12 +54,13 @@ def test_install_flags_never_native_never_amx():
     # the user's own flags (CUDA) come after ours, and change the cache key
     cuda = install.cmake_args(ZEN3, "-DGGML_CUDA=on")
     assert cuda[-1] == "-DGGML_CUDA=on"
-    assert install.build_key(cuda) != install.build_key(install.cmake_args(ZEN3))
+    build_key = load("llama_build.wheel").build_key
+    assert build_key(cuda) != build_key(install.cmake_args(ZEN3))
 
 
 def test_install_script_pins_the_version_pyproject_pins():
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    assert f"llama-cpp-python=={_install_script().LLAMA_CPP_PYTHON}" in deps
+    assert f"llama-cpp-python=={load('llama_build.wheel').LLAMA_CPP_PYTHON}" in deps
 
 
 def test_another_llama_cpp_under_the_binding_is_refused_before_any_call(monkeypatch):
@@ -99,7 +94,7 @@ def test_the_tiled_matmul_setting_is_read_as_ggml_reads_it(setting, on):
 
 
 def test_cpu_flags_read_the_first_processor():
-    install = _install_script()
+    install = load("install_llama")
     cpuinfo = "processor : 0\nflags\t\t: fpu avx2 amx_int8\n\nprocessor : 1\nflags : fpu\n"
     assert install.cpu_flags(cpuinfo) == {"fpu", "avx2", "amx_int8"}
 

@@ -1,4 +1,5 @@
-"""scripts/install_llama.py chooses CUDA or the CPU from what the machine has, says why, and falls back.
+"""scripts/install_llama.py chooses CUDA or the CPU from what the machine has, says why, and falls back
+(with scripts/llama_build/: cuda.py, the detection, and wheel.py, the build steps).
 
 Detection runs over a fake environment: nvidia-smi's and nvcc's output from a table, toolkits as
 folders under tmp_path, no GPU needed. Building, installing and the GPU check are fakes too.
@@ -16,6 +17,8 @@ from pathlib import Path
 from tests.support.scripts import load
 
 install = load("install_llama")
+cuda_toolkit = load("llama_build.cuda")
+llama_wheel = load("llama_build.wheel")
 
 ZEN3 = "flags\t\t: fpu sse4_2 f16c fma bmi2 avx avx2\n"
 ZEN3_ARGS = (  # today's CPU flags for this CPU: the cached wheels are keyed by exactly these
@@ -70,7 +73,7 @@ class Machine:
         self.ran.append(cmd)
         if cmd[0] == "nvidia-smi":
             if self.smi_error:
-                raise install.CommandFailed(self.smi_error)
+                raise cuda_toolkit.CommandFailed(self.smi_error)
             if len(cmd) == 1:
                 return SMI.format(driver=self.driver, cuda=self.cuda)
             return "".join(f"{name}, {cap}, {self.driver}\n" for name, cap in self.gpus)
@@ -84,7 +87,7 @@ class Machine:
                 return ARCHS_13 if version.startswith("13") else ARCHS_12
             if cmd[1] == "-dryrun":
                 return f"#$ _HERE_={root}/bin\n#$ TOP={root}/bin/..\n"
-        raise install.CommandFailed(f"{cmd[0]}: not found")
+        raise cuda_toolkit.CommandFailed(f"{cmd[0]}: not found")
 
     def which(self, name: str) -> str | None:
         if name == "nvidia-smi":
@@ -92,11 +95,11 @@ class Machine:
         return self.on_path if name == "nvcc" else None
 
     def read(self, path: str) -> str | None:
-        return self.proc if path == install.PROC_VERSION else None
+        return self.proc if path == cuda_toolkit.PROC_VERSION else None
 
     def env(self, **environ: str):
-        return install.Env(run=self.run, which=self.which, read=self.read, environ=environ, machine="x86_64",
-                           cache=self.tmp / "cache", cpuinfo=ZEN3, nvcc_places=())
+        return cuda_toolkit.Env(run=self.run, which=self.which, read=self.read, environ=environ,
+                                machine="x86_64", cache=self.tmp / "cache", cpuinfo=ZEN3, nvcc_places=())
 
 
 def opts(*argv: str) -> argparse.Namespace:
@@ -128,8 +131,9 @@ def test_no_driver_builds_for_the_cpu_with_todays_flags_and_cache_key(tmp_path):
     assert not choice.cuda
     assert choice.args == ZEN3_ARGS == install.cmake_args({"sse4_2", "f16c", "fma", "bmi2", "avx", "avx2"})
     # the key of a CPU build is what it was before CUDA detection: existing cached wheels stay valid
-    ident = " ".join([install.LLAMA_CPP_PYTHON, platform.machine(), sys.implementation.cache_tag, *ZEN3_ARGS])
-    assert install.build_key(choice.key_args) == hashlib.sha256(ident.encode()).hexdigest()[:16]
+    ident = " ".join([llama_wheel.LLAMA_CPP_PYTHON, platform.machine(), sys.implementation.cache_tag,
+                      *ZEN3_ARGS])
+    assert llama_wheel.build_key(choice.key_args) == hashlib.sha256(ident.encode()).hexdigest()[:16]
 
 
 def test_driver_and_system_nvcc_build_cuda_for_this_gpu(tmp_path):
@@ -277,13 +281,13 @@ def test_a_driver_that_nvidia_smi_cannot_reach(tmp_path):
 
 
 def test_parsers():
-    assert install.parse_smi(SMI.format(driver="550.54.15", cuda="12.4")) == ("550.54.15", (12, 4))
-    assert install.parse_smi("garbage") == (None, None)
-    assert install.parse_gpus("NVIDIA H200, 9.0, 580.65.06\nNVIDIA GeForce RTX 5090, 12.0, 580.65.06\n"
+    assert cuda_toolkit.parse_smi(SMI.format(driver="550.54.15", cuda="12.4")) == ("550.54.15", (12, 4))
+    assert cuda_toolkit.parse_smi("garbage") == (None, None)
+    assert cuda_toolkit.parse_gpus("NVIDIA H200, 9.0, 580.65.06\nNVIDIA GeForce RTX 5090, 12.0, 580.65.06\n"
                               "Quadro K2200, [N/A], 470.1\n") == (
-        install.Gpu("NVIDIA H200", "90"), install.Gpu("NVIDIA GeForce RTX 5090", "120"))
-    assert install.parse_nvcc_version("Cuda compilation tools, release 12.4, V12.4.131") == (12, 4)
-    assert install.parse_nvcc_version("nvcc: command not found") is None
+        cuda_toolkit.Gpu("NVIDIA H200", "90"), cuda_toolkit.Gpu("NVIDIA GeForce RTX 5090", "120"))
+    assert cuda_toolkit.parse_nvcc_version("Cuda compilation tools, release 12.4, V12.4.131") == (12, 4)
+    assert cuda_toolkit.parse_nvcc_version("nvcc: command not found") is None
 
 
 def test_cache_keys_differ_per_choice_and_not_per_toolkit_path(tmp_path):
@@ -296,7 +300,7 @@ def test_cache_keys_differ_per_choice_and_not_per_toolkit_path(tmp_path):
         machine.toolkit(cuda)
         keys[name] = choose(machine).key_args
     keys["wheels 13.0 sm_90"] = choose(h200(tmp_path / "b")).key_args
-    hashed = {install.build_key(k) for k in keys.values()}
+    hashed = {llama_wheel.build_key(k) for k in keys.values()}
     assert len(hashed) == len(keys)
     cuda = keys["12.4 sm_89"][len(ZEN3_ARGS):]
     assert cuda == ["-DGGML_CUDA=on", "-DCMAKE_CUDA_ARCHITECTURES=89", "cuda=12.4"]  # no paths
@@ -322,8 +326,8 @@ class Steps:
     def build(self, args: list[str], out: Path) -> Path:
         self.built.append(args)
         if self.fail_cuda and "-DGGML_CUDA=on" in args:
-            raise install.StepFailed("pip wheel exited with 1", ["CMake Error at ggml-cuda/CMakeLists.txt:16",
-                                                               self.fail_cuda], out / "build.log")
+            tail = ["CMake Error at ggml-cuda/CMakeLists.txt:16", self.fail_cuda]
+            raise llama_wheel.StepFailed("pip wheel exited with 1", tail, out / "build.log")
         out.mkdir(parents=True, exist_ok=True)
         wheel = out / "llama_cpp_python-0.3.36-cp311-cp311-linux_x86_64.whl"
         wheel.write_text(" ".join(args))
@@ -348,7 +352,7 @@ class Steps:
         self.machine.nvccs[str(root / "bin" / "nvcc")] = ("13.0", root)
 
     def steps(self):
-        return install.Steps(build=self.build, install=self.install, check=self.check,
+        return llama_wheel.Steps(build=self.build, install=self.install, check=self.check,
                              fetch_toolkit=self.fetch)
 
 
@@ -452,10 +456,10 @@ def test_error_tail_stops_before_pips_closing_notes():
     log = "\n".join([*(f"line {i}" for i in range(30)), "  nvcc fatal : boom", "  error: subprocess-exited",
                      "note: This error originates from a subprocess, and is likely not a problem with pip.",
                      "ERROR: Failed to build 'llama-cpp-python'"])
-    tail = install.error_tail(log, lines=3)
+    tail = llama_wheel.error_tail(log, lines=3)
     assert tail == ["line 29", "  nvcc fatal : boom", "  error: subprocess-exited"]
     indented = "Collecting llama-cpp-python\n" + "\n".join(f"      {line}" for line in log.splitlines()[:-2])
-    assert install.error_tail(indented, lines=3) == tail  # pip's indent taken off
+    assert llama_wheel.error_tail(indented, lines=3) == tail  # pip's indent taken off
 
 
 def test_other_cpus_keep_their_plain_args(tmp_path):
