@@ -5,7 +5,7 @@ planners and stream replies. Nothing here knows about a screen or about HTTP.
     loaded = backend.load(None, on_progress)         # LoadedPair: engine, name, defaults (its first choice)
     planner = backend.make_planner(loaded.defaults)  # via edgespec.strategy.make_planner; None: plain
     draft_problem(planner, loaded)                   # why it cannot run on this pair, or None
-    loaded.engine.prepare(planner, on_progress)      # the pair's cost profile, if the planner uses one
+    loaded.engine.prepare(planner, on_progress)      # the pair's cost profile, if cached already
     for event in loaded.engine.stream(planner, messages, settings, cancel, stats): ...
 
 The chat app runs these steps itself (it switches pairs and strategies while it runs); a server runs
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from .models.pairs import ResolvedPair
 
 MIB = 1024 * 1024
+MEASURING_SCOPE = ("measuring the pair",)  # the prompt cache's scope of the profile's own tokens
 LoadCallback = Callable[[str, int, int], None]  # (stage, done bytes, total bytes; 0 = unknown)
 
 
@@ -68,8 +69,8 @@ class ChatEngine(Protocol):
 
     def prepare(self, planner: Planner | None, on_progress: LoadCallback) -> None:
         """Give ``planner`` what it asks of this pair's profile before it drafts (``Planner.prepare``:
-        auto's cost curves and fit, OPT-Tree's μ; measured here the first time). Runs on the thread that
-        then streams."""
+        auto's cost curves and fit, OPT-Tree's μ), as far as it is measured (``measure``): it never
+        waits for measuring. Runs on the thread that then streams."""
         ...
 
     def stream(
@@ -104,6 +105,12 @@ class ChatEngine(Protocol):
     def idle(self) -> bool:
         """Between replies: a little of the work the next reply would start with (the draft reading
         the last reply), at most a fraction of a second; True while more is left."""
+        ...
+
+    def measure(self, stop: Callable[[], bool], on_progress: LoadCallback) -> bool:
+        """Between replies: measure the pair's profile (what ``prepare`` gives planners; no reply waits
+        for it) piece by piece until it is complete (True; at once when it is) or ``stop()``, asked
+        between pieces of well under a second. The next reply's planner is prepared with it."""
         ...
 
     def cache_info(self) -> dict:
@@ -230,6 +237,7 @@ class PairEngine:
 
     def __init__(self, pair: ModelPair, cache_ram: int = 0):
         from .engine.kv_cache import PromptCache
+        from .profile.attach import PairProfile
 
         self.pair = pair
         self.runs_on = pair.runs_on_json()  # where each model runs: the status bar, /health
@@ -237,6 +245,8 @@ class PairEngine:
         self.has_draft = pair.draft is not None
         self._with_costs: set[int] = set()  # planners that asked this pair's profile already
         self.cache = PromptCache(pair, cache_ram)
+        self.profile = PairProfile(pair, measure=False)  # what is cached; ``measure`` adds the rest
+        self.profiled = pair.draft is None  # the profile is complete: nothing left to measure
 
     def piece(self, token: int) -> str:
         return self.pair.target.model.piece(token).decode("utf-8", errors="replace")
@@ -245,12 +255,25 @@ class PairEngine:
         return self.pair.context_used()
 
     def prepare(self, planner: Planner | None, on_progress: LoadCallback) -> None:
-        from .profile.attach import attach
-
         if planner is not None and id(planner) not in self._with_costs:
-            # what it asks for (auto, OPT-Tree: the cost profile; measured once per pair and machine)
-            attach(planner, self.pair, progress=on_progress)
+            # what it asks for (auto, OPT-Tree: the cost profile), as far as it is measured: never waits
+            planner.prepare(self.profile)
             self._with_costs.add(id(planner))
+
+    def measure(self, stop: Callable[[], bool], on_progress: LoadCallback) -> bool:
+        """``ChatEngine.measure``. Measuring decodes its own tokens: the live conversation is saved
+        first (within ``cache_ram``; else the next prompt decodes it again) and the contexts are left
+        empty, as after ``forget``."""
+        if self.profiled or stop():
+            return self.profiled
+        self.cache.prepare((), MEASURING_SCOPE)  # the conversation saved, the contexts emptied
+        try:
+            self.profiled = self.profile.measure_idle(stop, on_progress)
+        finally:
+            self.pair.forget()  # the measurement's tokens go: nothing of them meets a prompt
+        if self.profiled:
+            self._with_costs.clear()  # each planner is prepared again, with the whole profile
+        return self.profiled
 
     def stream(self, planner, messages, settings, cancel, stats) -> Iterator[StepEvent]:
         from .decoding.chat import prompt_tokens
@@ -267,6 +290,7 @@ class PairEngine:
     def _continue(self, planner, tokens, settings, cancel, stats) -> Iterator[StepEvent]:
         from .decoding.chat import stream_tokens
 
+        self.prepare(planner, _quiet)  # again once the profile is complete
         # a saved conversation of the same scope that shares more of the prompt comes back
         self.cache.prepare(tokens, settings.cache_scope)
         try:
@@ -342,6 +366,10 @@ class ChatSession:
         drafts = self.planner is not None and self.planner.may_draft
         return self.prompt_cache and drafts and self.engine.idle()
 
+    def measure(self, stop: Callable[[], bool]) -> bool:
+        """The pair's profile, between replies (``ChatEngine.measure``): True once complete."""
+        return self.engine.measure(stop, _quiet)
+
     def _begin(self) -> None:
         if not self.prompt_cache:
             self.engine.forget()
@@ -354,12 +382,20 @@ def _quiet(stage: str, done: int, total: int) -> None:
     pass
 
 
+def _never() -> bool:
+    return False
+
+
 def start_session(
-    backend: Backend, on_progress: LoadCallback | None = None, prompt_cache: bool = True
+    backend: Backend,
+    on_progress: LoadCallback | None = None,
+    prompt_cache: bool = True,
+    measure_first: bool = False,
 ) -> ChatSession:
-    """Load the request's pair with the planner of its first strategy, ready to answer (its cost
-    profile measured if it uses one); ``EdgespecError`` when that planner needs a draft it lacks.
-    ``prompt_cache`` False: every answer starts from empty caches."""
+    """Load the request's pair with the planner of its first strategy, ready to answer (with its cost
+    profile if cached, or with ``measure_first`` measured now; else measured between requests);
+    ``EdgespecError`` when that planner needs a draft it lacks. ``prompt_cache`` False: every answer
+    starts from empty caches."""
     progress = on_progress or _quiet
     loaded = backend.load(None, progress)
     try:
@@ -367,6 +403,8 @@ def start_session(
         problem = draft_problem(planner, loaded)
         if problem is not None:
             raise EdgespecError(problem)
+        if measure_first:
+            loaded.engine.measure(_never, progress)
         loaded.engine.prepare(planner, progress)
     except BaseException:
         loaded.engine.close()

@@ -92,6 +92,13 @@ def register(sub) -> None:
         help="host memory for recent conversations' KV, so clients taking turns do not evict each other "
         f"(default {DEFAULT_CACHE_RAM_MIB} MiB; 0: keep only the conversation in the contexts)",
     )
+    p.add_argument(
+        "--measure-first",
+        action="store_true",
+        help="measure the pair's cost profile before listening, the first time on this machine (a minute "
+        "or two). Default: listen at once and measure between requests (answers meanwhile decode "
+        "plainly or copy from the conversation)",
+    )
     options.add_run_args(p)
     p.set_defaults(run=run)
 
@@ -182,10 +189,12 @@ def run(args) -> int:
         )
     sock = _bind(args.host, args.port)  # before loading: a taken port fails in a second, not a minute
     try:
-        # loading the pair, and the first time on this machine measuring its costs (a minute or two)
+        # loading the pair (with --measure-first, the first time on this machine measuring its costs)
         with progress_bar("starting the server") as progress:
             backend = ChatBackend.from_args(args)
-            load = lambda: start_session(backend, progress, prompt_cache=args.prompt_cache)  # noqa: E731
+            load = lambda: start_session(  # noqa: E731
+                backend, progress, prompt_cache=args.prompt_cache, measure_first=args.measure_first
+            )
             worker = Worker(load, max_queue=args.queue)
             session = worker.start()
     except BaseException:

@@ -24,7 +24,7 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -48,6 +48,8 @@ QUICK_CATCHUP_SIZES = (1, 2, 4, 8, 16, 64)
 # another llama.cpp process made every decode ~25x slower and the curves noise (1.48 at the median).
 BUSY_SPREAD = 1.25
 CONTEXT_TOKENS = 160  # committed tokens the measurements run on (a typical prompt plus some answer)
+CONTEXT_CHUNK = 32  # of them decoded at a time before measuring (a stop waits for one chunk at most)
+QUICK_REPEATS = 2
 
 log = logging.getLogger(__name__)
 
@@ -200,10 +202,16 @@ def load_or_measure(
         if cached is not None:
             return cached
     if quick:
-        profile = measure(pair, QUICK_SIZES, QUICK_CATCHUP_SIZES, repeats=2, progress=progress)
+        profile = measure(pair, QUICK_SIZES, QUICK_CATCHUP_SIZES, repeats=QUICK_REPEATS, progress=progress)
     else:
         profile = measure(pair, progress=progress)
-    if profile.busy:  # used now, not cached: measured again next time
+    return keep(profile, home)
+
+
+def keep(profile: CostProfile, home: Path | None = None) -> CostProfile:
+    """Save a complete ``profile``, unless its repeats say the machine was busy (then it is used for now,
+    and measured again next time)."""
+    if profile.busy:
         log.warning(
             "the cost profile's repeats disagree (x%.1f): other work was running. It is used for now "
             "but not saved; stop the other work for the next start to measure it again.",
@@ -261,62 +269,122 @@ def measure(
     repeats: int = 3,
     progress: Progress | None = None,
 ) -> CostProfile:
-    """Measure the three curves (needs a draft). Leaves both caches holding the measurement context.
+    """Measure the three curves at once (needs a draft). Leaves both caches holding the measurement
+    context."""
+    measurement = CostMeasurement(pair, sizes, catchup_sizes, repeats)
+    measurement.run(progress=progress)
+    return measurement.result()
+
+
+def _never() -> bool:
+    return False
+
+
+class CostMeasurement:
+    """The measurement in pieces, each one timed sample pair (well under a second on the bundled pair):
+    ``run`` goes on from where the last one stopped, until ``stop()`` says so between pieces or every
+    piece is done. Partial results stay here, in memory; ``result`` is the profile once complete.
 
     Every sample of size n is taken right after a sample of size 1 of the same curve, and the curve
     is c(1) × median of the ratios c(n)/c(1): a machine that slows down or speeds up while measuring
     (other processes) shifts both samples of a pair alike, so the shape survives background load.
     """
-    if pair.draft is None:
-        raise ValueError("a cost profile needs the draft model too")
-    limit = min(pair.max_nodes - 1, pair.target.ctx.settings.n_batch)
-    sizes = [n for n in sizes if n <= limit]
-    catchup_sizes = [n for n in catchup_sizes if n < CONTEXT_TOKENS]
-    base = context_tokens(min(pair.target.model.n_vocab, pair.draft.model.n_vocab))
-    plan = (
-        [("target", n) for n in sizes]
-        + [("draft", n) for n in sizes]
-        + [("catchup", n) for n in catchup_sizes]
-    )
-    timers = {"target": time_target, "draft": _time_draft_level, "catchup": _time_catchup}
-    ones: dict[str, list[float]] = {curve: [] for curve in timers}
-    ratios: dict[str, dict[int, list[float]]] = {curve: {} for curve in timers}
-    samples: dict[str, dict[int, list[float]]] = {curve: {} for curve in timers}
-    # Pass 0 decodes each size once before any is timed: the first decode of a batch size pays one-offs
-    # (repacked weights, buffers). Over RPC that is every target size: each new shape makes llama.cpp
-    # ask every server the allocation size of the graph's new tensors, a round trip each (measured:
-    # +0.5 s at 20 ms one way, +1.4 s at 50 ms; median of two repeats, one of them paying it, was up
-    # to 2.4x the cost of 9–64 tokens).
-    remote = pair.target.remote
-    warmup = [(curve, n) for curve, n in plan if n <= 8 or (remote and curve == "target")]
-    total = len(warmup) + len(plan) * repeats
-    done = 0
-    pair.target.sync(base[:-1])
-    pair.draft.sync(base)
-    for rep in range(repeats + 1):  # pass 0 warms up and is dropped
-        for curve, n in warmup if rep == 0 else plan if rep % 2 else plan[::-1]:
-            one = timers[curve](pair, base, 1)
-            seconds = one if n == 1 else timers[curve](pair, base, n)
-            if rep:
-                ones[curve].append(one)
-                ratios[curve].setdefault(n, []).append(seconds / one)
-                samples[curve].setdefault(n, []).append(seconds)
-            done += 1
+
+    def __init__(
+        self,
+        pair,
+        sizes: Sequence[int] = SIZES,
+        catchup_sizes: Sequence[int] = CATCHUP_SIZES,
+        repeats: int = 3,
+    ):
+        if pair.draft is None:
+            raise ValueError("a cost profile needs the draft model too")
+        self.pair, self.repeats = pair, repeats
+        limit = min(pair.max_nodes - 1, pair.target.ctx.settings.n_batch)
+        sizes = [n for n in sizes if n <= limit]
+        catchup_sizes = [n for n in catchup_sizes if n < CONTEXT_TOKENS]
+        self.base = context_tokens(min(pair.target.model.n_vocab, pair.draft.model.n_vocab))
+        plan = (
+            [("target", n) for n in sizes]
+            + [("draft", n) for n in sizes]
+            + [("catchup", n) for n in catchup_sizes]
+        )
+        # Pass 0 decodes each size once before any is timed: the first decode of a batch size pays
+        # one-offs (repacked weights, buffers). Over RPC that is every target size: each new shape makes
+        # llama.cpp ask every server the allocation size of the graph's new tensors, a round trip each
+        # (measured: +0.5 s at 20 ms one way, +1.4 s at 50 ms; median of two repeats, one of them paying
+        # it, was up to 2.4x the cost of 9–64 tokens). Then the plan forwards, backwards, … (drift
+        # spreads evenly over the sizes).
+        remote = pair.target.remote
+        warmup = [(curve, n) for curve, n in plan if n <= 8 or (remote and curve == "target")]
+        self.pieces = [(0, curve, n) for curve, n in warmup] + [
+            (rep, curve, n) for rep in range(1, repeats + 1) for curve, n in (plan if rep % 2 else plan[::-1])
+        ]
+        self.done = 0  # pieces measured so far
+        self.ones: dict[str, list[float]] = {curve: [] for curve in TIMERS}
+        self.ratios: dict[str, dict[int, list[float]]] = {curve: {} for curve in TIMERS}
+        self.samples: dict[str, dict[int, list[float]]] = {curve: {} for curve in TIMERS}
+
+    @property
+    def total(self) -> int:
+        return len(self.pieces)
+
+    @property
+    def complete(self) -> bool:
+        return self.done == self.total
+
+    def run(self, stop: Callable[[], bool] = _never, progress: Progress | None = None) -> bool:
+        """Measure pieces until every one is done (True) or ``stop()`` (False), checked before each
+        piece and each chunk of the measurement context. Either way both caches are left holding that
+        context (or a prefix of it): committed tokens only, nothing speculative."""
+        if not self._hold_context(stop):
+            return False
+        while not self.complete:
+            if stop():
+                break
+            rep, curve, n = self.pieces[self.done]
+            timer = TIMERS[curve]
+            one = timer(self.pair, self.base, 1)
+            seconds = one if n == 1 else timer(self.pair, self.base, n)
+            if rep:  # pass 0 warms up and is dropped
+                self.ones[curve].append(one)
+                self.ratios[curve].setdefault(n, []).append(seconds / one)
+                self.samples[curve].setdefault(n, []).append(seconds)
+            self.done += 1
             if progress is not None:
-                progress(f"{curve} n={n}", done, total)
-    pair.target.sync(base[:-1])
-    pair.draft.sync(base)
+                progress(f"{curve} n={n}", self.done, self.total)
+        self.pair.target.sync(self.base[:-1])
+        self.pair.draft.sync(self.base)
+        return self.complete
 
-    def curve_of(curve: str) -> dict[int, float]:
-        one = median(ones[curve])
-        return {n: one * median(r) for n, r in sorted(ratios[curve].items())}
+    def _hold_context(self, stop: Callable[[], bool]) -> bool:
+        """Both caches hold the measurement context, decoded ``CONTEXT_CHUNK`` tokens at a time (the
+        whole context at once takes about a second on 2 cores); False when stopped on the way."""
+        for end in range(CONTEXT_CHUNK, len(self.base) + CONTEXT_CHUNK, CONTEXT_CHUNK):
+            if stop():
+                return False
+            self.pair.target.sync(self.base[: min(end, len(self.base) - 1)])
+            self.pair.draft.sync(self.base[:end])
+        return True
 
-    return CostProfile(
-        target=curve_of("target"),
-        draft=curve_of("draft"),
-        catchup=curve_of("catchup"),
-        key=profile_key(pair),
-        repeats=repeats,
-        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        spread={c: {n: (min(v), max(v)) for n, v in sorted(s.items())} for c, s in samples.items()},
-    )
+    def result(self) -> CostProfile:
+        """The profile (every piece measured)."""
+        if not self.complete:
+            raise ValueError(f"the cost profile is measured {self.done}/{self.total}: not complete")
+
+        def curve_of(curve: str) -> dict[int, float]:
+            one = median(self.ones[curve])
+            return {n: one * median(r) for n, r in sorted(self.ratios[curve].items())}
+
+        return CostProfile(
+            target=curve_of("target"),
+            draft=curve_of("draft"),
+            catchup=curve_of("catchup"),
+            key=profile_key(self.pair),
+            repeats=self.repeats,
+            created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            spread={c: {n: (min(v), max(v)) for n, v in sorted(s.items())} for c, s in self.samples.items()},
+        )
+
+
+TIMERS = {"target": time_target, "draft": _time_draft_level, "catchup": _time_catchup}

@@ -92,29 +92,73 @@ def measure_fit(
 ) -> DraftFit | None:
     """Steps 1–3 of the module's docstring over ``requests`` (None: the target answered none of them);
     leaves both caches to be synced again."""
-    tops, agree, rights = [], [], []  # rights: each answer's [argmax q_i = x_i]
-    total = len(requests) * FIT_TOKENS * 2
-    for r, request in enumerate(requests):
-        prompt = _prompt(pair, request)
+    measurement = FitMeasurement(pair, requests)
+    measurement.run(progress=progress)
+    return measurement.result()
 
-        def tick(what: str, i: int, r: int = r) -> None:
-            if progress is not None:
-                progress(f"draft fit: {what}", r * FIT_TOKENS * 2 + i, total)
 
-        answer = _greedy_answer(pair, prompt, lambda i: tick("target", i))
-        start = len(agree)
-        for dist, token in zip(_draft_chain(pair.draft, prompt, answer, lambda i: tick("draft", i)), answer):
-            row = np.zeros(PROFILE_LEN)
-            k = min(PROFILE_LEN, dist.probs.shape[0])
-            row[:k] = dist.probs[:k]
-            tops.append(row)
-            agree.append(float(dist.ids[0] == token))
-        rights.append(np.asarray(agree[start:], dtype=bool))
-    if not tops:
-        return None
-    profile = np.mean(tops, axis=0)
-    ratio = float(np.sum(agree) / max(np.sum(np.asarray(tops)[:, 0]), 1e-9))
-    return DraftFit(profile, ratio, len(tops), _runs(rights))
+def _never() -> bool:
+    return False
+
+
+class FitMeasurement:
+    """The fit measured in pieces: each request's target answer, then the draft's chain over it, token
+    by token, with ``stop()`` asked before each token. A stopped request starts again the next time
+    ``run`` is called (32 tokens: a few seconds); the requests done are kept, in memory."""
+
+    def __init__(self, pair, requests: Sequence[str] = FIT_REQUESTS):
+        self.pair, self.requests = pair, tuple(requests)
+        self.rows: list[tuple[list[np.ndarray], list[float]]] = []  # per request done: (tops, agree)
+
+    @property
+    def total(self) -> int:
+        return len(self.requests) * FIT_TOKENS * 2
+
+    @property
+    def done(self) -> int:
+        return len(self.rows) * FIT_TOKENS * 2
+
+    @property
+    def complete(self) -> bool:
+        return len(self.rows) == len(self.requests)
+
+    def run(self, stop: Callable[[], bool] = _never, progress: Progress | None = None) -> bool:
+        """Measure requests until all are done (True) or ``stop()`` (False)."""
+        while not self.complete:
+            r = len(self.rows)
+
+            def tick(what: str, i: int, r: int = r) -> bool:
+                if progress is not None:
+                    progress(f"draft fit: {what}", r * FIT_TOKENS * 2 + i, self.total)
+                return stop()
+
+            prompt = _prompt(self.pair, self.requests[r])
+            answer = _greedy_answer(self.pair, prompt, lambda i: tick("target", i))
+            if answer is None:
+                return False
+            tops, agree = [], []
+            chain = _draft_chain(self.pair.draft, prompt, answer, lambda i: tick("draft", i))
+            for dist, token in zip(chain, answer):
+                row = np.zeros(PROFILE_LEN)
+                k = min(PROFILE_LEN, dist.probs.shape[0])
+                row[:k] = dist.probs[:k]
+                tops.append(row)
+                agree.append(float(dist.ids[0] == token))
+            if len(agree) < len(answer):  # stopped on the way
+                return False
+            self.rows.append((tops, agree))
+        return True
+
+    def result(self) -> DraftFit | None:
+        """The fit of the requests measured (None: the target answered none of them)."""
+        tops = [row for rows, _ in self.rows for row in rows]
+        if not tops:
+            return None
+        agree = [a for _, answer in self.rows for a in answer]
+        rights = [np.asarray(answer, dtype=bool) for _, answer in self.rows]
+        profile = np.mean(tops, axis=0)
+        ratio = float(np.sum(agree) / max(np.sum(np.asarray(tops)[:, 0]), 1e-9))
+        return DraftFit(profile, ratio, len(tops), _runs(rights))
 
 
 def _runs(rights: Sequence[np.ndarray]) -> tuple[float, ...]:
@@ -138,23 +182,29 @@ def _prompt(pair, request: str) -> list[int]:
     return tokens
 
 
-def _greedy_answer(pair, prompt: Sequence[int], tick: Callable[[int], None]) -> list[int]:
-    """x_1 … x_n: the target's greedy answer (plain decoding), FIT_TOKENS at most."""
+def _greedy_answer(pair, prompt: Sequence[int], tick: Callable[[int], bool]) -> list[int] | None:
+    """x_1 … x_n: the target's greedy answer (plain decoding), FIT_TOKENS at most; None when ``tick``
+    (asked after each token) says stop."""
     answer: list[int] = []
     for event in generate(pair, None, Request(prompt=list(prompt), max_tokens=FIT_TOKENS)):
         answer.extend(event.token_ids)
-        tick(len(answer))
+        if tick(len(answer)):
+            return None
     return answer
 
 
-def _draft_chain(draft, prompt: Sequence[int], answer: Sequence[int], tick: Callable[[int], None]):
-    """q_1 … q_n: the draft's distribution before each answer token, the answer read as one chain."""
+def _draft_chain(draft, prompt: Sequence[int], answer: Sequence[int], tick: Callable[[int], bool]):
+    """q_1 … q_n: the draft's distribution before each answer token, the answer read as one chain; it
+    ends early when ``tick`` (asked after each level) says stop. Leaves no speculative bookkeeping."""
     draft.sync(prompt)  # holds the prompt but its last token: the chain's root
     draft.begin_step(1.0)
     tree, node = TreeBuilder(int(prompt[-1])), 0
-    for i, token in enumerate(answer):
-        (dist,) = draft.expand(tree, [node])
-        yield dist
-        node = tree.add(node, int(token), dist.prob_of(int(token)))
-        tick(FIT_TOKENS + i + 1)
-    draft.begin_step(1.0)
+    try:
+        for i, token in enumerate(answer):
+            (dist,) = draft.expand(tree, [node])
+            yield dist
+            node = tree.add(node, int(token), dist.prob_of(int(token)))
+            if tick(FIT_TOKENS + i + 1):
+                return
+    finally:
+        draft.begin_step(1.0)

@@ -114,6 +114,7 @@ class Worker:
         finally:
             self._ready.set()
         try:
+            self._work_ahead()  # the pair's profile, unless cached (or measured before listening)
             while (job := self._next()) is not None:
                 self._answer(job)
                 self._work_ahead()
@@ -121,14 +122,17 @@ class Worker:
             self.session.close()
 
     def _work_ahead(self) -> None:
-        """While no job waits, the session's work ahead (``ChatSession.idle``), a chunk at a time: a new
-        job waits one chunk at most. It starts only once ``IDLE_GRACE`` seconds passed without a job:
-        agents and scripts send their next request at once, and it should not wait for a chunk begun
-        just before it arrived. Optional work: a failure ends it, never the worker."""
+        """While no job waits, the session's work ahead, a piece at a time (a new job waits one piece
+        at most): measuring the pair's profile until it is complete (``ChatSession.measure``), then
+        reading ahead (``ChatSession.idle``). It starts only once ``IDLE_GRACE`` seconds passed without
+        a job: agents and scripts send their next request at once, and it should not wait for a piece
+        begun just before it arrived. Optional work: a failure ends it, never the worker."""
         with self._changed:
             if not self._jobs:
                 self._changed.wait(IDLE_GRACE)
         try:
+            if not self.session.measure(lambda: bool(self._jobs)):
+                return
             while not self._jobs and self.session.idle():
                 pass
         except Exception:

@@ -45,6 +45,9 @@ class Scripted:
     def idle(self) -> bool:
         return False
 
+    def measure(self, stop, on_progress) -> bool:
+        return True
+
     def forget(self):
         pass
 

@@ -232,6 +232,16 @@ class FakePair:
     def overlap(self, tree, pending) -> None:
         look_ahead_during(self.target, self.draft, tree, pending)
 
+    def context_used(self) -> int:
+        return len(self.target.committed)
+
+    def forget(self) -> None:
+        """As ``ModelPair.forget``: both caches emptied."""
+        from edgespec.engine.runners import CachedModel
+
+        for runner in (self.target, self.draft):
+            CachedModel.sync(runner, [])
+
     def close(self) -> None:
         pass
 

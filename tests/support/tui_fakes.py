@@ -90,6 +90,9 @@ class FakeEngine:
     def idle(self) -> bool:
         return False
 
+    def measure(self, stop, on_progress) -> bool:
+        return True  # its profile comes with ``prepare``
+
     def cache_info(self) -> dict:
         return {"conversations": 0, "live_tokens": self.used}
 
