@@ -120,3 +120,20 @@ class PairLoadFailed(Message):
     def __init__(self, error: str) -> None:
         super().__init__()
         self.error = error
+
+
+# -- measuring the pair between answers ---------------------------------------------------------------
+class MeasureProgress(Message):
+    def __init__(self, done: int, total: int) -> None:
+        super().__init__()
+        self.done, self.total = done, total  # pieces of the pair's profile measured, of all
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, MeasureProgress)
+
+
+class MeasureEnded(Message):
+    def __init__(self, complete: bool, error: str = "") -> None:
+        super().__init__()
+        self.complete = complete  # False: stopped for the user (it goes on in the next idle time)
+        self.error = error  # a failure: measuring stops for this pair, answers go on without it

@@ -30,6 +30,7 @@ from ..guards import notify_errors, when_idle
 from ..storage import ChatStore, title_from
 from ..widgets.chat_log import ChatLog, answer_meta
 from ..widgets.generation import Generation, strategy_label
+from ..widgets.measuring import IdleMeasuring
 from ..widgets.prompt import PromptInput
 from ..widgets.sidebar import ConversationList
 from ..widgets.status_bar import StatusBar
@@ -53,7 +54,8 @@ class ChatScreen(Commands, Screen):
         self.conversation_id: int | None = None
         self.gen: Generation | None = None  # the answer in flight
         self._gen_counter = 0
-        self._idle = threading.Event()  # set while no generation worker runs
+        self._idle = threading.Event()  # set while no worker drives the engine (answer, measuring)
+        self._measuring = IdleMeasuring()  # the pair's profile, measured while the chat is idle
         self._idle.set()
         self._loading: str | None = None  # the pair being loaded
         self._fallback: str | None = None  # pair to reload if a switch fails
@@ -70,6 +72,7 @@ class ChatScreen(Commands, Screen):
             yield DraftTreePanel()
         yield StatusBar()
         yield Footer()
+        yield self._measuring
 
     def on_mount(self) -> None:
         self.query_one(DraftTreePanel).display = False
@@ -109,6 +112,7 @@ class ChatScreen(Commands, Screen):
     def load_pair(self, pair: str | None) -> None:
         if self.loaded is not None:
             self._fallback = self.loaded.name
+            self._measuring.stop(wait=10)
             self.loaded.engine.close()  # free its memory before loading the next pair
             self.loaded, self.planner = None, None
         self._loading = pair or "default pair"
@@ -159,6 +163,8 @@ class ChatScreen(Commands, Screen):
         if not self.set_strategy(choice, chosen=self.strategy_chosen):
             self.set_strategy(self.loaded.defaults)
         self.query_one(PromptInput).focus()
+        self._measuring.failed = False
+        self._measure_idle()
 
     @on(msg.PairLoadFailed)
     def _pair_load_failed(self, event: msg.PairLoadFailed) -> None:
@@ -239,6 +245,7 @@ class ChatScreen(Commands, Screen):
             self._gen_counter, answer, self.store, self.conversation_id, self.loaded.name, self.strategy_label
         )
         self.mount(self.gen)
+        self._measuring.stop(wait=10)  # a piece: well under a second
         self.status.set(state="generating", stats=msg.StatsSnapshot())
         self._idle.clear()
         self.gen.generate(self.loaded.engine, self.planner, history, self.settings, self._idle)
@@ -289,6 +296,28 @@ class ChatScreen(Commands, Screen):
         self.gen = None
         self.status.set(state="ready", strategy=self.strategy_label)
         self.refresh_sidebar()
+        self._measure_idle()
+
+    # -- measuring the pair while idle ----------------------------------------------------------------
+    def _measure_idle(self) -> None:
+        if self.loaded is not None and self.gen is None:
+            self._measuring.start(self.loaded.engine, self._idle)
+
+    @on(PromptInput.Changed)
+    def _typing(self) -> None:
+        self._measuring.stop()  # the user is writing: the engine is theirs (the next idle time resumes)
+
+    @on(msg.MeasureProgress)
+    def _measure_progress(self, event: msg.MeasureProgress) -> None:
+        if self.gen is None:
+            self.status.set(state=f"measuring the pair {event.done}/{event.total} (idle time)")
+
+    @on(msg.MeasureEnded)
+    def _measure_ended(self, event: msg.MeasureEnded) -> None:
+        if self.gen is None and self.loaded is not None:
+            self.status.set(state="ready", strategy=self.strategy_label)
+        if event.error:
+            self.notify(event.error, severity="warning", timeout=12)
 
     def action_stop(self) -> None:
         if self.gen is not None:
@@ -302,6 +331,7 @@ class ChatScreen(Commands, Screen):
         """Stop the answer in flight, wait for its worker, free the models (called on exit)."""
         if self.gen is not None:
             self.gen.stop()
+        self._measuring.stop()
         if self._idle.wait(timeout) and self.loaded is not None:
             self.loaded.engine.close()
             self.loaded = None
