@@ -6,7 +6,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import EngineError, PairingError
-from ..planner.tree import DraftSetup, DraftTree
+from ..planner.inputs import DraftSetup
+from ..planner.tree import DraftTree
 from ._backend import amx_guard, system_info
 from ._context import LLAMA_MAX_SEQ, Context, ContextSettings
 from ._lora import LoraAdapter

@@ -23,7 +23,8 @@ from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 
-from ..planner.tree import Drafter, DraftSetup, DraftTree, SparseDist
+from ..planner.inputs import Drafter, DraftSetup
+from ..planner.tree import DraftTree, SparseDist
 
 T = TypeVar("T", covariant=True)
 U = TypeVar("U")

@@ -3,17 +3,8 @@
 This package never imports llama_cpp; it is tested on synthetic distributions.
 """
 
-from .tree import (
-    ChildRule,
-    Drafter,
-    DraftTree,
-    PlanContext,
-    Planner,
-    PlanStats,
-    SparseDist,
-    TreeBuilder,
-    sample_without_replacement,
-)
+from .inputs import Drafter, PlanContext, sample_without_replacement
+from .tree import ChildRule, DraftTree, Planner, PlanStats, SparseDist, TreeBuilder
 
 __all__ = [
     "ChildRule",

@@ -9,17 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .inputs import Drafter, PlanContext, sample_without_replacement
 from .params import param
-from .tree import (
-    ChildRule,
-    Drafter,
-    DraftTree,
-    PlanContext,
-    Planner,
-    PlanStats,
-    TreeBuilder,
-    sample_without_replacement,
-)
+from .tree import ChildRule, DraftTree, Planner, PlanStats, TreeBuilder
 
 
 @dataclass

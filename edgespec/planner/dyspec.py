@@ -43,19 +43,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import params
+from .inputs import Drafter, PlanContext, node_rng, step_seed
 from .params import param
-from .tree import (
-    ChildRule,
-    Drafter,
-    DraftTree,
-    PlanContext,
-    Planner,
-    PlanStats,
-    SparseDist,
-    TreeBuilder,
-    node_rng,
-    step_seed,
-)
+from .tree import ChildRule, DraftTree, Planner, PlanStats, SparseDist, TreeBuilder
 
 
 def draw_order(dist: SparseDist, seed: int | None, path: Sequence[int]) -> np.ndarray:

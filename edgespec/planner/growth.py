@@ -28,7 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .tree import ChildRule, Drafter, SparseDist, TreeBuilder
+from .inputs import Drafter
+from .tree import ChildRule, SparseDist, TreeBuilder
 
 
 @dataclass

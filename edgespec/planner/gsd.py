@@ -30,8 +30,9 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from . import params
+from .inputs import Drafter, PlanContext
 from .params import param
-from .tree import ChildRule, Drafter, DraftTree, PlanContext, Planner, PlanStats, TreeBuilder
+from .tree import ChildRule, DraftTree, Planner, PlanStats, TreeBuilder
 from .tsd import best_by_path_prob, ranked_children
 
 

@@ -37,18 +37,9 @@ import numpy as np
 from ..errors import EdgespecError
 from . import params
 from .earlystop import DecisionModel, feature_matrix
+from .inputs import Drafter, PlanContext, sample_without_replacement
 from .params import param
-from .tree import (
-    ChildRule,
-    Drafter,
-    DraftTree,
-    PlanContext,
-    Planner,
-    PlanStats,
-    SparseDist,
-    TreeBuilder,
-    sample_without_replacement,
-)
+from .tree import ChildRule, DraftTree, Planner, PlanStats, SparseDist, TreeBuilder
 
 EARLY_STOP_MODES = ("off", "threshold", "model")
 

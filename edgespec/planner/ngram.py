@@ -62,7 +62,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .tree import ChildRule, DraftTree, PlanContext, PlanStats, TreeBuilder
+from .inputs import PlanContext
+from .tree import ChildRule, DraftTree, PlanStats, TreeBuilder
 
 WEIGHT_BASE = 4.0  # a match one token longer counts as this many shorter ones
 AGREE_BINS = 32  # agreement lengths learned separately; longer ones share the last bin

@@ -52,8 +52,9 @@ import numpy as np
 from . import params
 from .costmodel import CostModel, best_size
 from .growth import Growth, grow
+from .inputs import Drafter, PlanContext, Profile
 from .params import param
-from .tree import Drafter, DraftTree, PlanContext, Planner, PlanStats, Profile, SparseDist, TreeBuilder
+from .tree import DraftTree, Planner, PlanStats, SparseDist, TreeBuilder
 from .tsd import best_by_path_prob
 
 

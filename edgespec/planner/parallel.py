@@ -42,19 +42,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .dyspec import Residual, draw_order
+from .inputs import Drafter, DraftSetup, PlanContext, step_seed
 from .params import param
-from .tree import (
-    ChildRule,
-    Drafter,
-    DraftSetup,
-    DraftTree,
-    PlanContext,
-    Planner,
-    PlanStats,
-    SparseDist,
-    TreeBuilder,
-    step_seed,
-)
+from .tree import ChildRule, DraftTree, Planner, PlanStats, SparseDist, TreeBuilder
 
 ADAPTER_HELP = (
     "the parallel drafter's GGUF LoRA adapter (default: the pair's trained one, if it has one; "

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import params
+from .inputs import Drafter, PlanContext
 from .params import param
-from .tree import ChildRule, Drafter, DraftTree, PlanContext, Planner, PlanStats, SparseDist, TreeBuilder
+from .tree import ChildRule, DraftTree, Planner, PlanStats, SparseDist, TreeBuilder
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,10 @@ from edgespec.decoding.sampling import SamplingParams
 from edgespec.planner.auto import COPY, PARALLEL, PLAIN, PROBE, SPECULATE, AutoPlanner
 from edgespec.planner.auto.guard import Guard
 from edgespec.planner.costmodel import CostModel, best_size, ceiling, simulate
+from edgespec.planner.inputs import PlanContext, Prepaid
 from edgespec.planner.strategies import PARAM_NAMES
 from edgespec.planner.strategies import build as make_planner
-from edgespec.planner.tree import ChildRule, DraftTree, PlanContext, Prepaid
+from edgespec.planner.tree import ChildRule, DraftTree
 from tests.support.fake_llama import FakePair
 from tests.support.fakes import SyntheticDrafter, sparse
 

@@ -12,8 +12,8 @@ from edgespec.decoding.events import EmittedToken, Provenance, StepEvent, StepTi
 from edgespec.planner.auto import COPY, PLAIN, SPECULATE, AutoPlanner
 from edgespec.planner.auto.copies import Unverified
 from edgespec.planner.costmodel import CostModel
+from edgespec.planner.inputs import PlanContext
 from edgespec.planner.ngram import CopyTrie, prior_rate
-from edgespec.planner.tree import PlanContext
 from tests.engine.test_auto import C1, confident, memory_bound
 from tests.support.fake_llama import FakePair
 

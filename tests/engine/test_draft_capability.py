@@ -1,6 +1,6 @@
 """The worked example of docs/architecture.md, "A strategy that needs something new of the draft": a
 chain that stops at a line break needs the text of each drafted token, ``Drafter.piece``. Declared in
-the planners' ``Drafter`` (planner/tree.py), implemented by the engine's ``Draft`` (engine/draft.py)
+the planners' ``Drafter`` (planner/inputs.py), implemented by the engine's ``Draft`` (engine/draft.py)
 and by the fakes mypy names; this strategy lives here, not in the strategy table.
 """
 
@@ -12,8 +12,9 @@ import numpy as np
 
 from edgespec.decoding.decoder import Request, generate
 from edgespec.decoding.sampling import SamplingParams
+from edgespec.planner.inputs import Drafter, PlanContext
 from edgespec.planner.params import param
-from edgespec.planner.tree import ChildRule, Drafter, DraftTree, PlanContext, Planner, PlanStats, TreeBuilder
+from edgespec.planner.tree import ChildRule, DraftTree, Planner, PlanStats, TreeBuilder
 from tests.support.fake_llama import FakeModel, FakePair
 from tests.support.fakes import SyntheticDrafter, sparse
 

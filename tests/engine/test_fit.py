@@ -13,7 +13,7 @@ from edgespec.decoding.chat import ChatSettings, Message, prompt_tokens
 from edgespec.planner.auto import PLAIN, SPECULATE, AutoPlanner
 from edgespec.planner.auto.tuning import TUNING
 from edgespec.planner.costmodel import CostModel, DraftFit
-from edgespec.planner.tree import PlanContext
+from edgespec.planner.inputs import PlanContext
 from edgespec.profile import costs, fit
 from edgespec.profile.attach import attach
 from tests.support.fake_llama import ChatFakePair

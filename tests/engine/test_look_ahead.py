@@ -138,7 +138,7 @@ def test_auto_grows_for_free_along_what_the_look_ahead_decoded():
 
     from edgespec.planner.auto import SPECULATE, AutoPlanner
     from edgespec.planner.costmodel import DraftFit
-    from edgespec.planner.tree import PlanContext, Prepaid
+    from edgespec.planner.inputs import PlanContext, Prepaid
     from tests.engine.test_fit import SLOW_LINK
     from tests.support.fakes import SyntheticDrafter, sparse
     from tests.support.profiles import Given
@@ -177,7 +177,7 @@ def test_auto_verifies_what_the_look_ahead_decoded_where_it_would_decode_plainly
 
     from edgespec.planner.auto import PLAIN, SPECULATE, AutoPlanner
     from edgespec.planner.costmodel import DraftFit
-    from edgespec.planner.tree import PlanContext, Prepaid
+    from edgespec.planner.inputs import PlanContext, Prepaid
     from tests.engine.test_fit import SLOW_LINK
     from tests.support.fakes import SyntheticDrafter, sparse
     from tests.support.profiles import Given

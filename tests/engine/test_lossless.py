@@ -19,7 +19,7 @@ from edgespec.decoding import verify
 from edgespec.decoding.sampling import SamplingParams
 from edgespec.engine import rows
 from edgespec.planner import dyspec
-from edgespec.planner.tree import node_rng
+from edgespec.planner.inputs import node_rng
 from tests.support.lossless import (
     POWER,
     QUICK_DELTA,

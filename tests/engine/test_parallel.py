@@ -14,8 +14,9 @@ from edgespec.decoding.decoder import Request, generate
 from edgespec.decoding.sampling import SamplingParams
 from edgespec.engine.rows import draft_dists
 from edgespec.planner.dyspec import draw_order
+from edgespec.planner.inputs import PlanContext
 from edgespec.planner.parallel import ParallelSpecPlanner
-from edgespec.planner.tree import ChildRule, PlanContext, TreeBuilder
+from edgespec.planner.tree import ChildRule, TreeBuilder
 from tests.support.fake_llama import FakePair
 from tests.support.fakes import random_dist_fn
 

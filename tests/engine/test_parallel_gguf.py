@@ -16,7 +16,8 @@ from edgespec.engine.parallel import file_sha256
 from edgespec.engine.rows import draft_dists
 from edgespec.engine.runners import CachedModel
 from edgespec.errors import EngineError
-from edgespec.planner.tree import DraftSetup, TreeBuilder
+from edgespec.planner.inputs import DraftSetup
+from edgespec.planner.tree import TreeBuilder
 from tests.support.scripts import load
 
 R = load("randomgguf")

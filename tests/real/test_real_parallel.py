@@ -11,8 +11,8 @@ import pytest
 
 from edgespec.decoding.decoder import Request, generate
 from edgespec.decoding.sampling import SamplingParams
+from edgespec.planner.inputs import DraftSetup
 from edgespec.planner.parallel import ParallelSpecPlanner
-from edgespec.planner.tree import DraftSetup
 from tests.support.realmodels import assert_sampled_in_nucleus, chat_prompt, first_divergence, steps_with_rows
 
 pytestmark = pytest.mark.model

@@ -1,4 +1,4 @@
-"""A pair's run-time profile as given numbers (``edgespec.planner.tree.Profile``): what a planner's
+"""A pair's run-time profile as given numbers (``edgespec.planner.inputs.Profile``): what a planner's
 ``prepare`` asks for, without a pair to measure — ``planner.prepare(Given(costs, fit))``. ``asked``
 lists what it asked for, in order ("costs", "fit")."""
 

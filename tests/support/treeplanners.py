@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgespec.planner.tree import ChildRule, PlanContext, Planner, PlanStats, TreeBuilder
+from edgespec.planner.inputs import PlanContext
+from edgespec.planner.tree import ChildRule, Planner, PlanStats, TreeBuilder
 
 
 class RandomTreePlanner(Planner):

@@ -11,7 +11,8 @@ from edgespec.decoding.events import EmittedToken, Provenance, StepEvent, StepTi
 from edgespec.planner.auto import SPECULATE, AutoPlanner
 from edgespec.planner.auto.acceptance import Acceptance, calibrated, trials
 from edgespec.planner.costmodel import CostModel
-from edgespec.planner.tree import DraftTree, PlanContext, TreeBuilder
+from edgespec.planner.inputs import PlanContext
+from edgespec.planner.tree import DraftTree, TreeBuilder
 from tests.support.fakes import SyntheticDrafter, sparse
 
 TRUE = (0.8, 1.4)  # (a, b) as on the bundled pair's chat answer: q 0.3 → 0.67, 0.5 → 0.80, 0.9 → 0.97

@@ -12,8 +12,9 @@ from edgespec.decoding.verify import verify_greedy, verify_sampling
 from edgespec.engine.layout import tree_layout
 from edgespec.errors import EdgespecError
 from edgespec.planner.earlystop import N_TOP, DecisionModel, features
+from edgespec.planner.inputs import PlanContext
 from edgespec.planner.mcsd import MCSDPlanner, MCSDTargetInitPlanner
-from edgespec.planner.tree import ChildRule, PlanContext
+from edgespec.planner.tree import ChildRule
 from tests.support.fakes import SyntheticDrafter, sparse
 
 CONFIGS = [(4, 2, 2, 1), (2, 4, 3, 1, 1), (3,), (1, 1, 1), (2, 3)]

@@ -9,8 +9,9 @@ import pytest
 from edgespec.decoding.events import StepEvent, StepTimings
 from edgespec.planner.copy_drafts import HybridPlanner, NGramPlanner
 from edgespec.planner.costmodel import CostModel
+from edgespec.planner.inputs import PlanContext
 from edgespec.planner.ngram import AGREE_BINS, Copier, CopyTrie, NGramIndex, common_prefix, prior_rate
-from edgespec.planner.tree import ChildRule, PlanContext
+from edgespec.planner.tree import ChildRule
 from tests.support.fakes import SyntheticDrafter, sparse
 from tests.unit.test_planners import check_tree
 

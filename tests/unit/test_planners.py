@@ -14,6 +14,7 @@ from edgespec.errors import EdgespecError
 from edgespec.options import add_parameter_flags, parameters_from_args
 from edgespec.planner.dyspec import DySpecPlanner, draw_order
 from edgespec.planner.gsd import GSDPlanner, unmerge
+from edgespec.planner.inputs import PlanContext
 from edgespec.planner.opt_tree import OptTreePlanner, top_nodes, worth_drafting
 from edgespec.planner.strategies import (
     PARAM_NAMES,
@@ -24,7 +25,7 @@ from edgespec.planner.strategies import (
 from edgespec.planner.strategies import (
     build as make_planner,
 )
-from edgespec.planner.tree import ChildRule, DraftTree, PlanContext, TreeBuilder
+from edgespec.planner.tree import ChildRule, DraftTree, TreeBuilder
 from edgespec.planner.tsd import TSDPlanner
 from tests.support.fakes import SyntheticDrafter, sparse
 from tests.support.profiles import Given

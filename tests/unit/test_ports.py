@@ -22,7 +22,8 @@ from edgespec.engine.pair import ModelPair
 from edgespec.engine.rows import RowsVerified
 from edgespec.engine.runners import Target
 from edgespec.engine.sampled import SampledVerified
-from edgespec.planner.tree import Drafter, TreeBuilder
+from edgespec.planner.inputs import Drafter
+from edgespec.planner.tree import TreeBuilder
 from tests.support.fake_llama import FakePair
 from tests.support.synthetic_engine import SyntheticDraft, SyntheticEngine, SyntheticTarget
 

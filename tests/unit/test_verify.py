@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from edgespec.decoding.verify import verify_greedy, verify_sampling
-from edgespec.planner.tree import ChildRule, SparseDist, TreeBuilder, sample_without_replacement
+from edgespec.planner.inputs import sample_without_replacement
+from edgespec.planner.tree import ChildRule, SparseDist, TreeBuilder
 
 V = 6
 TARGET = np.array([0.35, 0.25, 0.2, 0.1, 0.07, 0.03])

@@ -26,10 +26,11 @@ import numpy as np
 
 from .. import params
 from ..costmodel import CostModel
+from ..inputs import Drafter, DraftSetup, PlanContext, Profile
 from ..ngram import Copier
 from ..parallel import ADAPTER_HELP
 from ..params import param
-from ..tree import Drafter, DraftSetup, DraftTree, PlanContext, Planner, Profile, TreeBuilder
+from ..tree import DraftTree, Planner, TreeBuilder
 from .acceptance import Acceptance
 from .calibration import Calibration
 from .copies import CopySteps

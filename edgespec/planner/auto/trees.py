@@ -32,9 +32,10 @@ import numpy as np
 
 from ..costmodel import CostModel, best_size, deepen, expandable_within
 from ..growth import Growth, admit_top, grow
+from ..inputs import Drafter, PlanContext, step_seed
 from ..ngram import Copier, CopyTrie
 from ..parallel import grow as grow_one_pass
-from ..tree import Drafter, DraftTree, PlanContext, PlanStats, SparseDist, TreeBuilder, step_seed
+from ..tree import DraftTree, PlanStats, SparseDist, TreeBuilder
 from .acceptance import Acceptance
 from .tuning import PROFILE_LEN, TUNING
 
