@@ -11,32 +11,19 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from stat import S_ISREG
 
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
-
 from ..errors import ModelStoreError
-from ..progress import LogLines
 from . import bundled, download
 from .paths import ProgressCallback, format_bytes, home_dir, require_free_space, sha256_file
 from .registry import load_registry
+from .reporting import Reporter, reporter, tee
 from .specs import SHA256_RE, ModelSpec, PairSpec, Registry, looks_like_path
 
 OK, CORRUPTED, MISSING, UNKNOWN = "OK", "CORRUPTED", "MISSING", "UNKNOWN"
 _Fetched = tuple[Path, str, str | None]  # (partial file, its sha256, the sha256 it must have)
-Reporter = Callable[[str], ProgressCallback]  # a progress callback for a labelled step
 
 
 @dataclass(frozen=True)
@@ -175,7 +162,7 @@ class ModelStore:
     def _install(self, spec: ModelSpec, progress: bool, on_progress: ProgressCallback | None) -> Path:
         """Assemble or download into .partial/, check the sha256, then rename into place."""
         self.partial_dir.mkdir(parents=True, exist_ok=True)
-        with _reporter(progress) as report:
+        with reporter(progress) as report:
             fetch = self._assemble if spec.bundled else self._download
             partial, sha, expected = fetch(spec, report, on_progress)
         return self._move_into_place(spec, partial, sha, expected)
@@ -184,14 +171,14 @@ class ModelStore:
         partial = self.partial_dir / f"{spec.filename}.part"
         require_free_space(self.models_dir, spec.size or 0, f"'{spec.name}'")
         try:
-            sha = bundled.assemble(spec, partial, _tee(report(f"assemble {spec.name}"), on_progress))
+            sha = bundled.assemble(spec, partial, tee(report(f"assemble {spec.name}"), on_progress))
         except BaseException:
             partial.unlink(missing_ok=True)  # a fresh assembly is cheap: never keep a torn one
             raise
         return partial, sha, spec.sha256
 
     def _download(self, spec: ModelSpec, report: Reporter, on_progress: ProgressCallback | None) -> _Fetched:
-        fetched = download.fetch(spec, self.partial_dir, _tee(report(f"download {spec.name}"), on_progress))
+        fetched = download.fetch(spec, self.partial_dir, tee(report(f"download {spec.name}"), on_progress))
         sha = sha256_file(fetched.path, report(f"check sha256 of {spec.name}"))
         return fetched.path, sha, fetched.expected_sha256
 
@@ -235,8 +222,8 @@ class ModelStore:
         if same and record.get("sha256") == reference:
             return path
         why = "changed since it was verified" if record else "has no verified record"
-        with _reporter(progress) as report:
-            actual = sha256_file(path, _tee(report(f"check sha256 of {path.name} ({why})"), on_progress))
+        with reporter(progress) as report:
+            actual = sha256_file(path, tee(report(f"check sha256 of {path.name} ({why})"), on_progress))
         try:
             _write_record_at(record_path, path, reference or actual, verified=actual == reference)
         except OSError:  # a read-only store: the answer stands, it is only not remembered
@@ -258,7 +245,7 @@ class ModelStore:
             return VerifyResult(name, path, MISSING, spec.sha256)
         record = self._record(name) or {}
         expected = spec.sha256 or record.get("sha256")
-        with _reporter(progress) as report:
+        with reporter(progress) as report:
             actual = sha256_file(path, report(f"verify {name}"))
         if expected is None:
             self._write_record(name, actual, verified=True)
@@ -323,71 +310,6 @@ def _write_record_at(record_path: Path, model: Path, sha256: str, verified: bool
     tmp = record_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record) + "\n")
     os.replace(tmp, record_path)
-
-
-# --- progress ------------------------------------------------------------------------------------
-
-
-@contextmanager
-def _reporter(enabled: bool) -> Iterator[Reporter]:
-    """Yields ``report(label) -> callback``: each label gets a rich bar on stderr (or nothing if disabled)."""
-    if not enabled:
-        yield lambda label: _ignore
-        return
-    console = Console(stderr=True)
-    if not console.is_terminal:  # a log (Docker, CI): plain lines, where a bar shows nothing till the end
-        yield lambda label: _logged(LogLines(label, console, at_once=True))
-        return
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        DownloadColumn(binary_units=True),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
-    )
-    with Progress(*columns, console=console) as bar:
-
-        def report(label: str) -> ProgressCallback:
-            tasks = []  # the bar appears with the first report, not before (e.g. while the hub is asked)
-
-            def update(done: int, total: int) -> None:
-                if not tasks:
-                    tasks.append(bar.add_task(label, total=None))
-                bar.update(tasks[0], completed=done, total=total or None)
-
-            return update
-
-        yield report
-
-
-def _logged(lines: LogLines) -> ProgressCallback:
-    """A step's progress as log lines: when it starts, every ``LOG_EVERY_S`` seconds, when it ends."""
-    ended = [False]
-
-    def update(done: int, total: int) -> None:
-        if ended[0]:
-            return
-        ended[0] = bool(total) and done >= total
-        if lines.due() or ended[0]:
-            of = f" of {format_bytes(total)}" if total else ""
-            lines.say(f"{format_bytes(done)}{of} ({lines.elapsed:.0f} s)")
-
-    return update
-
-
-def _ignore(done: int, total: int) -> None:
-    return None
-
-
-def _tee(first: ProgressCallback, second: ProgressCallback | None) -> ProgressCallback:
-    if second is None:
-        return first
-
-    def both(done: int, total: int) -> None:
-        first(done, total)
-        second(done, total)
-
-    return both
 
 
 def model_identity(path: str) -> dict:
