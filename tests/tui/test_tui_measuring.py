@@ -9,10 +9,41 @@ from time import monotonic
 
 import pytest
 
-from tests.tui.test_tui import SIZE, notes, run, wait_until
+from tests.support.tui_fakes import FakeBackend
+from tests.tui.test_tui import SIZE, make_app, notes, ready, run, wait_until
 from tui.app import ChatApp
 from tui.storage import ChatStore
+from tui.widgets import measuring
 from tui.widgets.prompt import PromptInput
+
+
+def test_measuring_goes_on_once_the_typing_pauses(tmp_path, monkeypatch):
+    """At start it measures; each key stops it; a pause in the typing (``TYPING_PAUSE``) lets it go on."""
+    monkeypatch.setattr(measuring, "TYPING_PAUSE", 0.3)
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    calls: list[float] = []
+
+    class Counting(FakeBackend):
+        def load(self, pair, on_progress):
+            loaded = super().load(pair, on_progress)
+            loaded.engine.measure = lambda stop, progress: calls.append(monotonic()) or False
+            return loaded
+
+    app = make_app(tmp_path, Counting())
+
+    async def scenario():
+        async with app.run_test(size=SIZE) as pilot:
+            chat = await ready(pilot)
+            await wait_until(pilot, lambda: len(calls) == 1, what="measuring at start")
+            await wait_until(pilot, chat._measuring.finished.is_set, what="the worker's end")
+            chat.query_one(PromptInput).focus()
+            for key in "hello":  # keys closer together than the pause: it waits
+                await pilot.press(key)
+                await pilot.pause(0.1)
+            assert len(calls) == 1  # 0.5 s of typing, longer than the pause: each key began it again
+            await wait_until(pilot, lambda: len(calls) == 2, what="measuring after the pause")
+
+    run(scenario())
 
 
 @pytest.mark.model

@@ -305,7 +305,7 @@ class ChatScreen(Commands, Screen):
 
     @on(PromptInput.Changed)
     def _typing(self) -> None:
-        self._measuring.stop()  # the user is writing: the engine is theirs (the next idle time resumes)
+        self._measuring.pause(self._measure_idle)  # the user is writing: the engine is theirs
 
     @on(msg.MeasureProgress)
     def _measure_progress(self, event: msg.MeasureProgress) -> None:
