@@ -245,10 +245,12 @@ class ChatScreen(Commands, Screen):
             self._gen_counter, answer, self.store, self.conversation_id, self.loaded.name, self.strategy_label
         )
         self.mount(self.gen)
-        self._measuring.stop(wait=10)  # a piece: well under a second
+        self._measuring.stop()  # the answer's worker waits for the piece in progress, not the UI
         self.status.set(state="generating", stats=msg.StatsSnapshot())
         self._idle.clear()
-        self.gen.generate(self.loaded.engine, self.planner, history, self.settings, self._idle)
+        self.gen.generate(
+            self.loaded.engine, self.planner, history, self.settings, self._idle, self._measuring.finished
+        )
 
     # The answer's messages reach here after its Generation has drawn and saved what they carry.
     def _current(self, event: msg.GenerationMessage) -> bool:

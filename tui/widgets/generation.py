@@ -57,8 +57,12 @@ class Generation(Widget):
         self.cancel.set()
 
     @work(thread=True, group="generate", exit_on_error=False)
-    def generate(self, engine, planner, history, settings, idle: threading.Event) -> None:
-        """The generation worker: streams the answer, reports through messages only, sets ``idle``."""
+    def generate(
+        self, engine, planner, history, settings, idle: threading.Event, free: threading.Event
+    ) -> None:
+        """The generation worker: waits here (not in the UI) until ``free`` says no other worker drives
+        the engine (a measuring piece ends), then streams the answer, reports through messages only,
+        sets ``idle``."""
         stats, rate = GenerationStats(), RollingRate()
         post, gen_id = self.post_message, self.gen_id
         last_ui, last_tree, finish = 0.0, None, "stop"
@@ -68,6 +72,8 @@ class Generation(Widget):
             post(msg.StrategyStatus(gen_id, f"{planner.name}: measuring the cost profile {done}/{total}"))
 
         try:
+            free.wait()  # the measuring piece in progress (asked to stop): well under a second
+            idle.clear()  # the measuring worker set it on its way out
             engine.prepare(planner, measuring)
             for event in engine.stream(planner, history, settings, self.cancel, stats):
                 spans = provenance_spans(event, engine.piece)
