@@ -35,7 +35,7 @@ P = TypeVar("P", bound="Planner | None")
 
 
 class PairProfile:
-    """A loaded pair's run-time profile (``edgespec.planner.tree.Profile``), each part loaded or measured
+    """A loaded pair's run-time profile (``edgespec.planner.inputs.Profile``), each part loaded or measured
     on first ask and kept for the next planner. Without a draft there is nothing to measure: both are
     None. Measuring reports to ``progress``, or with ``show_progress`` to a bar on stderr (``label``),
     opened on the first measurement and closed by ``close`` (or the ``with`` block's end).
