@@ -8,7 +8,7 @@ The cost curves of a pair come from, best first:
 2. ``RANDOM`` (``--measure``): a random-weight GGUF of the target's shape and quantisation, timed here
    (``measure_like``, cached per machine);
 3. ``FITTED``: the curves of the bundled pair measured here, rescaled to the target's and the draft's
-   bytes of weights (c(1) ∝ bytes^α, α through the bundled target and draft: ``advice.exponent_through``).
+   weights (c(1) = a + b · weights multiplied, through the bundled target and draft: ``advice.line_through``).
 
 Without the pair's own fit, its acceptance is the bundled pair's (said so in ``acceptance``), and the
 speedup at a lower acceptance is shown beside it. The result is cached in ``<data home>/advice.json``,
@@ -23,12 +23,14 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
+
 from ..errors import EdgespecError
 from ..models.paths import advice_path
 from ..models.random_gguf import Dims, nbytes, tensor_specs
 from ..models.shapes import shape_of
 from ..models.specs import ModelSpec, PairSpec
-from ..planner.advice import LOWER, exponent_through, fitted_curve, lowered, predict
+from ..planner.advice import LOWER, fitted_curve, line_through, lowered, predict
 from ..planner.costmodel import CostModel, DraftFit
 from ..progress import Progress
 from .attach import PairProfile
@@ -98,13 +100,6 @@ def dims_of(spec: ModelSpec) -> Dims | None:
         return None
 
 
-def weight_bytes(dims: Dims) -> int:
-    """Bytes of weights a decoded token multiplies: all but the embedding table (looked up, one row
-    a token) unless the output reuses it; norms and biases are a rounding error and counted too."""
-    specs = tensor_specs(dims, dims.n_vocab or QWEN_VOCAB, dims.qtype)
-    return sum(nbytes(s) for s in specs if s.name != "token_embd.weight" or dims.tied_output)
-
-
 def file_bytes(spec: ModelSpec, dims: Dims | None) -> int | None:
     if spec.size:
         return spec.size
@@ -151,22 +146,32 @@ def measured(
         return Measured(costs, profile.fit())
 
 
+def weights_multiplied(dims: Dims) -> int:
+    """Weights a decoded token multiplies: every matrix but the embedding table (looked up, one row a
+    token) unless the output reuses it."""
+    specs = tensor_specs(dims, dims.n_vocab or QWEN_VOCAB, dims.qtype)
+    return sum(
+        int(np.prod(s.ne, dtype=np.int64))
+        for s in specs
+        if len(s.ne) == 2 and (s.name != "token_embd.weight" or dims.tied_output)
+    )
+
+
 def fitted(reference: Measured, bundled: PairSpec, pair: PairSpec) -> CostModel | None:
     """The bundled pair's curves rescaled to ``pair``'s weights (module docstring, 3)."""
     dims = {spec.name: dims_of(spec) for spec in (bundled.target, bundled.draft, pair.target, pair.draft)}
     if any(d is None for d in dims.values()):
         return None
-    w = {name: weight_bytes(d) for name, d in dims.items() if d is not None}
+    n = {name: weights_multiplied(d) for name, d in dims.items() if d is not None}
     ref = reference.costs
-    # one token's decode through the target's and the draft's measured c(1) (the draft's catch-up of
-    # one token is its plain decode), scaled as bytes^α
-    alpha = exponent_through(w[bundled.draft.name], float(ref.k(1)), w[bundled.target.name], float(ref.t(1)))
-    t1 = float(ref.t(1)) * (w[pair.target.name] / w[bundled.target.name]) ** alpha
-    scale_draft = (w[pair.draft.name] / w[bundled.draft.name]) ** alpha
+    # one token's decode, c(1) = a + b · N, through the target's and the draft's measured c(1) (the
+    # draft's catch-up of one token is its plain decode)
+    k1, t1 = float(ref.k(1)), float(ref.t(1))
+    a, b = line_through(n[bundled.draft.name], k1, n[bundled.target.name], t1)
     return CostModel(
-        target=fitted_curve(ref.target, t1),
-        draft=ref.draft * scale_draft,
-        catchup=ref.catchup * scale_draft,
+        target=fitted_curve(ref.target, a + b * n[pair.target.name]),
+        draft=ref.draft * ((a + b * n[pair.draft.name]) / k1),
+        catchup=ref.catchup * ((a + b * n[pair.draft.name]) / k1),
         overhead=ref.overhead,
     )
 

@@ -9,8 +9,8 @@ from edgespec.planner.advice import (
     auto_speedup,
     chain_speedup,
     chain_tokens,
-    exponent_through,
     fitted_curve,
+    line_through,
     lowered,
     predict,
 )
@@ -54,12 +54,16 @@ def test_prediction_picks_the_best_strategy():
     assert key == "auto" or p.chains[int(key.split(":")[1])] == value
 
 
-def test_cost_grows_as_a_power_of_the_bytes_at_most_in_proportion():
-    assert exponent_through(1.0, 2.0, 4.0, 4.0) == pytest.approx(0.5)  # 4× the bytes, 2× the cost
-    # costs that rise faster than the bytes (a draft of faster types than the target): proportional
-    assert exponent_through(1.0, 1.0, 2.0, 3.0) == 1.0
+def test_one_tokens_cost_is_a_line_over_the_weights():
+    a, b = line_through(1.0, 2.0, 4.0, 5.0)  # 1 s a weight, 1 s fixed
+    assert (a, b) == pytest.approx((1.0, 1.0))
+    assert line_through(4.0, 5.0, 1.0, 2.0) == pytest.approx((a, b))  # either order
+    # a fixed cost below 0 (the larger model cheaper per weight than a line allows): proportional
+    assert line_through(1.0, 1.0, 2.0, 3.0) == pytest.approx((0.0, 1.5))
+    # a cost that falls with size: proportional through the larger model
+    assert line_through(1.0, 3.0, 2.0, 2.0) == pytest.approx((0.0, 1.0))
     with pytest.raises(ValueError, match="different sizes"):
-        exponent_through(1.0, 1.0, 1.0, 2.0)
+        line_through(1.0, 1.0, 1.0, 2.0)
 
 
 def test_fitted_curve_keeps_the_shape():

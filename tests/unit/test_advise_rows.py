@@ -8,7 +8,7 @@ import pytest
 
 from edgespec.models.shapes import shape_of
 from edgespec.models.specs import ModelSpec, PairSpec
-from edgespec.planner.advice import chain_speedup, exponent_through
+from edgespec.planner.advice import chain_speedup
 from edgespec.profile import advise
 from tests.support.advice import costs, fit
 
@@ -46,21 +46,29 @@ def test_a_pair_fits_only_in_enough_ram():
 
 
 def test_fitted_curves_follow_the_weights():
-    # the bundled target (c_t(1) 0.11 s) and draft (catch-up 0.03 s) measured: the 7B's c_t(1) is the
-    # target's scaled by the bytes ratio to the power through them; its curve has the target's shape
-    ref = advise.Measured(costs(), fit())
+    # the bundled target (c_t(1) 0.11 s) and draft (catch-up 0.05 s) measured: the 7B's c_t(1) lies on
+    # the line through them over the weights multiplied; its curve has the target's shape
+    ref = advise.Measured(costs(catchup=lambda n: 0.05), fit())
     got = advise.fitted(ref, BUNDLED, SEVEN)
-    w = {s.name: advise.weight_bytes(shape_of(s.name)) for s in (BUNDLED.target, BUNDLED.draft, SEVEN.target)}
-    alpha = exponent_through(w[BUNDLED.draft.name], 0.03, w[BUNDLED.target.name], 0.11)
-    assert alpha == 1.0  # 0.11 / 0.03 is more than the bytes ratio (about 1.8): proportional
-    assert got.t(1) == pytest.approx(0.11 * w[SEVEN.target.name] / w[BUNDLED.target.name])
+    models = (BUNDLED.target, BUNDLED.draft, SEVEN.target)
+    n = {s.name: advise.weights_multiplied(shape_of(s.name)) for s in models}
+    slope = (0.11 - 0.05) / (n[BUNDLED.target.name] - n[BUNDLED.draft.name])
+    assert 0.11 - slope * n[BUNDLED.target.name] > 0  # a fixed cost per decode
+    assert got.t(1) == pytest.approx(0.11 + slope * (n[SEVEN.target.name] - n[BUNDLED.target.name]))
     assert got.t(16) / got.t(1) == pytest.approx(costs().t(16) / costs().t(1))
-    slower_draft = advise.Measured(costs(catchup=lambda n: 0.08), fit())
-    alpha = exponent_through(w[BUNDLED.draft.name], 0.08, w[BUNDLED.target.name], 0.11)
-    assert 0 < alpha < 1
-    got = advise.fitted(slower_draft, BUNDLED, SEVEN)
-    assert got.t(1) == pytest.approx(0.11 * (w[SEVEN.target.name] / w[BUNDLED.target.name]) ** alpha)
-    assert 0.11 < got.t(1) < 0.11 * w[SEVEN.target.name] / w[BUNDLED.target.name]
+    # a draft cheap for its size (the line would cross 0 before it): the proportional line
+    cheap_draft = advise.Measured(costs(catchup=lambda n: 0.03), fit())
+    got = advise.fitted(cheap_draft, BUNDLED, SEVEN)
+    assert got.t(1) == pytest.approx(0.11 * n[SEVEN.target.name] / n[BUNDLED.target.name])
+
+
+def test_weights_multiplied_leave_out_the_looked_up_embeddings():
+    seven, bundled = shape_of(SEVEN.target.name), shape_of(BUNDLED.target.name)
+    assert not seven.tied_output and bundled.tied_output
+    # Qwen2.5-7B: 7.6 B parameters, 0.54 B of them the embedding table (untied: looked up)
+    assert 6.9e9 < advise.weights_multiplied(seven) < 7.2e9
+    # Qwen2.5-1.5B: 1.54 B parameters, the table reused as the output (multiplied)
+    assert 1.45e9 < advise.weights_multiplied(bundled) < 1.56e9
 
 
 def test_the_best_pair_is_the_fastest_that_fits():
