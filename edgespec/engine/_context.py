@@ -134,12 +134,14 @@ class Context:
             if not overlap or placement is None:
                 rc = self._decode(self.ptr, self._batch)  # waits for a GPU's asynchronous work too
                 self.last_decode = perf_counter() - start
-                self._finish(rc, n, start)
-                return Pending.ready(None)
-            done, wait = placement.start(self._timed_decode, (start,), "decoding")
+            else:
+                done, wait = placement.start(self._timed_decode, (start,), "decoding")
         except BaseException:
             self._owner.__exit__()
             raise
+        if not overlap or placement is None:
+            self._finish(rc, n, start)  # releases the context, then raises on a failed decode
+            return Pending.ready(None)
         return Pending(done, lambda: self._finish(wait, n, start))
 
     def _finish(self, rc, n: int, start: float) -> None:
