@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from .decoding.events import GenerationStats, StepEvent
 from .errors import EdgespecError
-from .planner.tree import Planner
+from .planner.base import Planner
 from .strategy import CHOICES, PairDefaults, StrategyChoice, make_planner, needs_draft
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ from .models.drafters import shipped_adapter
 from .models.pairs import PairDefaults  # what a pair contributes to its planners (models.toml)
 from .models.paths import decision_model_path
 from .planner import strategies
-from .planner.tree import Planner
+from .planner.base import Planner
 
 CHOICES = strategies.CHOICES  # "none" (plain decoding), the papers' strategies, "auto"
 

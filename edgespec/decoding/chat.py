@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from ..errors import ContextFullError, EdgespecError
-from ..planner.tree import Planner
+from ..planner.base import Planner
 from .decoder import Request, generate
 from .events import GenerationStats, StepEvent
 from .sampling import SamplingParams

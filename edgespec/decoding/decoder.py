@@ -17,8 +17,9 @@ import numpy as np
 
 from ..engine.interrupts import Cancelled
 from ..engine.ports import Draft, DraftWork, Pair, Pending, Target, Verified, Vocab
+from ..planner.base import Planner
 from ..planner.inputs import PlanContext, Prepaid
-from ..planner.tree import DraftTree, Planner, SparseDist, TreeBuilder
+from ..planner.tree import DraftTree, SparseDist, TreeBuilder
 from .events import EmittedToken, Provenance, StepEvent, StepTimings
 from .sampling import SamplingParams, sample
 from .text import Detokenizer, StopStrings

@@ -29,9 +29,10 @@ from ..decoding.chat import ChatSettings, Message, prompt_tokens, stream_reply
 from ..decoding.events import GenerationStats, StepEvent
 from ..decoding.sampling import SamplingParams
 from ..errors import EdgespecError
+from ..planner.base import Planner
 from ..planner.earlystop import DecisionModel, accuracy, auc, feature_matrix
 from ..planner.mcsd import MCSDPlanner
-from ..planner.tree import ChildRule, DraftTree, Planner, TreeBuilder
+from ..planner.tree import ChildRule, DraftTree, TreeBuilder
 from .prompts import ENGINE_PROMPTS, PromptCase, load_prompts
 
 

@@ -3,8 +3,9 @@
 This package never imports llama_cpp; it is tested on synthetic distributions.
 """
 
+from .base import Planner
 from .inputs import Drafter, PlanContext, sample_without_replacement
-from .tree import ChildRule, DraftTree, Planner, PlanStats, SparseDist, TreeBuilder
+from .tree import ChildRule, DraftTree, PlanStats, SparseDist, TreeBuilder
 
 __all__ = [
     "ChildRule",

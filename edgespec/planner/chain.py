@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .base import Planner
 from .inputs import Drafter, PlanContext, sample_without_replacement
 from .params import param
-from .tree import ChildRule, DraftTree, Planner, PlanStats, TreeBuilder
+from .tree import ChildRule, DraftTree, PlanStats, TreeBuilder
 
 
 @dataclass

@@ -30,12 +30,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import params
+from .base import Planner
 from .costmodel import CostModel, best_size
 from .growth import Growth, grow
 from .inputs import Drafter, PlanContext, Profile
 from .ngram import Copier, CopyTrie
 from .params import param
-from .tree import DraftTree, Planner, PlanStats, SparseDist, TreeBuilder
+from .tree import DraftTree, PlanStats, SparseDist, TreeBuilder
 
 PRIOR_TOP_MASS = 0.7  # A before the draft has been seen: Σ of its top-k probabilities, typically
 TOP_MASS_MEMORY = 0.9  # A: exponential average over expanded nodes, this much weight on the past

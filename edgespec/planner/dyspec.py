@@ -43,9 +43,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import params
+from .base import Planner
 from .inputs import Drafter, PlanContext, node_rng, step_seed
 from .params import param
-from .tree import ChildRule, DraftTree, Planner, PlanStats, SparseDist, TreeBuilder
+from .tree import ChildRule, DraftTree, PlanStats, SparseDist, TreeBuilder
 
 
 def draw_order(dist: SparseDist, seed: int | None, path: Sequence[int]) -> np.ndarray:

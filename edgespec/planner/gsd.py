@@ -30,9 +30,10 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from . import params
+from .base import Planner
 from .inputs import Drafter, PlanContext
 from .params import param
-from .tree import ChildRule, DraftTree, Planner, PlanStats, TreeBuilder
+from .tree import ChildRule, DraftTree, PlanStats, TreeBuilder
 from .tsd import best_by_path_prob, ranked_children
 
 

@@ -36,10 +36,11 @@ import numpy as np
 
 from ..errors import EdgespecError
 from . import params
+from .base import Planner
 from .earlystop import DecisionModel, feature_matrix
 from .inputs import Drafter, PlanContext, sample_without_replacement
 from .params import param
-from .tree import ChildRule, DraftTree, Planner, PlanStats, SparseDist, TreeBuilder
+from .tree import ChildRule, DraftTree, PlanStats, SparseDist, TreeBuilder
 
 EARLY_STOP_MODES = ("off", "threshold", "model")
 

@@ -50,11 +50,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import params
+from .base import Planner
 from .costmodel import CostModel, best_size
 from .growth import Growth, grow
 from .inputs import Drafter, PlanContext, Profile
 from .params import param
-from .tree import DraftTree, Planner, PlanStats, SparseDist, TreeBuilder
+from .tree import DraftTree, PlanStats, SparseDist, TreeBuilder
 from .tsd import best_by_path_prob
 
 

@@ -41,10 +41,11 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .base import Planner
 from .dyspec import Residual, draw_order
 from .inputs import Drafter, DraftSetup, PlanContext, step_seed
 from .params import param
-from .tree import ChildRule, DraftTree, Planner, PlanStats, SparseDist, TreeBuilder
+from .tree import ChildRule, DraftTree, PlanStats, SparseDist, TreeBuilder
 
 ADAPTER_HELP = (
     "the parallel drafter's GGUF LoRA adapter (default: the pair's trained one, if it has one; "

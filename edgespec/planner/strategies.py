@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .auto import AutoPlanner
+from .base import Planner
 from .chain import ChainPlanner
 from .copy_drafts import HybridPlanner, NGramPlanner
 from .dyspec import DySpecPlanner
@@ -28,7 +29,6 @@ from .mcsd import MCSDPlanner, MCSDTargetInitPlanner
 from .opt_tree import OptTreePlanner
 from .parallel import ParallelSpecPlanner
 from .params import Param, StrategyError, params_of
-from .tree import Planner
 from .tsd import TSDPlanner
 
 

@@ -23,9 +23,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import params
+from .base import Planner
 from .inputs import Drafter, PlanContext
 from .params import param
-from .tree import ChildRule, DraftTree, Planner, PlanStats, SparseDist, TreeBuilder
+from .tree import ChildRule, DraftTree, PlanStats, SparseDist, TreeBuilder
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
+from ..planner.base import Planner
 from ..planner.costmodel import CostModel, DraftFit
-from ..planner.tree import Planner
 from ..progress import Progress, progress_bar
 from .costs import (
     QUICK_CATCHUP_SIZES,

@@ -38,10 +38,11 @@ import pytest
 
 from edgespec.decoding.sampling import SamplingParams
 from edgespec.planner.auto import PLAIN, SPECULATE, AutoPlanner
+from edgespec.planner.base import Planner
 from edgespec.planner.costmodel import CostModel, DraftFit
 from edgespec.planner.ngram import Copier, CopyTrie
 from edgespec.planner.opt_tree import OptTreePlanner
-from edgespec.planner.tree import ChildRule, Planner, PlanStats, TreeBuilder
+from edgespec.planner.tree import ChildRule, PlanStats, TreeBuilder
 from tests.support.fakes import sparse
 from tests.support.synthetic_engine import SyntheticEngine
 

@@ -12,9 +12,10 @@ import numpy as np
 
 from edgespec.decoding.decoder import Request, generate
 from edgespec.decoding.sampling import SamplingParams
+from edgespec.planner.base import Planner
 from edgespec.planner.inputs import Drafter, PlanContext
 from edgespec.planner.params import param
-from edgespec.planner.tree import ChildRule, DraftTree, Planner, PlanStats, TreeBuilder
+from edgespec.planner.tree import ChildRule, DraftTree, PlanStats, TreeBuilder
 from tests.support.fake_llama import FakeModel, FakePair
 from tests.support.fakes import SyntheticDrafter, sparse
 

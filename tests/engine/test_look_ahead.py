@@ -232,7 +232,8 @@ def test_steps_that_draft_nothing_catch_the_draft_up_and_guess_meanwhile(every):
     trees, a chain of 3 every ``every``-th step: the answer is plain decoding's, the caches committed."""
     from dataclasses import dataclass
 
-    from edgespec.planner.tree import Planner, TreeBuilder
+    from edgespec.planner.base import Planner
+    from edgespec.planner.tree import TreeBuilder
 
     @dataclass
     class Alternating(Planner):

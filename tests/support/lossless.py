@@ -48,11 +48,12 @@ import numpy as np
 
 from edgespec.decoding.sampling import SamplingParams
 from edgespec.engine.rows import target_probs
+from edgespec.planner.base import Planner
 from edgespec.planner.costmodel import CostModel
 from edgespec.planner.inputs import PlanContext
 from edgespec.planner.strategies import STRATEGY_NAMES
 from edgespec.planner.strategies import build as make_planner
-from edgespec.planner.tree import ChildRule, DraftTree, Planner, SparseDist
+from edgespec.planner.tree import ChildRule, DraftTree, SparseDist
 from tests.support.profiles import Given
 from tests.support.synthetic_engine import SyntheticEngine
 

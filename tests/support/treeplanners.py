@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from edgespec.planner.base import Planner
 from edgespec.planner.inputs import PlanContext
-from edgespec.planner.tree import ChildRule, Planner, PlanStats, TreeBuilder
+from edgespec.planner.tree import ChildRule, PlanStats, TreeBuilder
 
 
 class RandomTreePlanner(Planner):

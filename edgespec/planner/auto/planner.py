@@ -25,12 +25,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import params
+from ..base import Planner
 from ..costmodel import CostModel
 from ..inputs import Drafter, DraftSetup, PlanContext, Profile
 from ..ngram import Copier
 from ..parallel import ADAPTER_HELP
 from ..params import param
-from ..tree import DraftTree, Planner, TreeBuilder
+from ..tree import DraftTree, TreeBuilder
 from .acceptance import Acceptance
 from .calibration import Calibration
 from .copies import CopySteps
