@@ -109,7 +109,10 @@ def _seed_cost_profile(home: str, models: tuple[str, str], rpc: tuple[str, ...] 
     from edgespec.profile import costs, fit
 
     runner = [SimpleNamespace(model=SimpleNamespace(path=p)) for p in models]
-    settings = EngineSettings(n_ctx=1024, threads=1, repack=False, rpc=rpc)
+    # as loaded: `auto` offload became 0 layers (no GPU here; with RPC the servers hold the target)
+    settings = EngineSettings(
+        n_ctx=1024, threads=1, repack=False, rpc=rpc, target_gpu_layers=0, draft_gpu_layers=0
+    )
     key = costs.profile_key(SimpleNamespace(settings=settings, target=runner[0], draft=runner[1]))
     flat = {n: 0.03 for n in costs.QUICK_SIZES}
     profile = costs.CostProfile(

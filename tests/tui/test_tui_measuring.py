@@ -37,11 +37,15 @@ def test_measuring_goes_on_once_the_typing_pauses(tmp_path, monkeypatch):
             await wait_until(pilot, lambda: len(calls) == 1, what="measuring at start")
             await wait_until(pilot, chat._measuring.finished.is_set, what="the worker's end")
             chat.query_one(PromptInput).focus()
-            for key in "hello":  # keys closer together than the pause: it waits
+            pressed: list[float] = []  # when each key was sent (before it was handled)
+            for key in "hello":  # keys 0.1 s apart, closer than the pause (when the machine keeps up)
+                pressed.append(monotonic())
                 await pilot.press(key)
                 await pilot.pause(0.1)
-            assert len(calls) == 1  # 0.5 s of typing, longer than the pause: each key began it again
-            await wait_until(pilot, lambda: len(calls) == 2, what="measuring after the pause")
+            await wait_until(pilot, lambda: calls[-1] > pressed[-1], what="measuring after the last key")
+            for began in calls[1:]:  # each restart waited a whole pause after the key before it
+                last_key = max(t for t in pressed if t < began)
+                assert began - last_key >= measuring.TYPING_PAUSE, (began - last_key, pressed, calls)
 
     run(scenario())
 
