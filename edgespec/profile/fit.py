@@ -36,12 +36,25 @@ from ..planner.costmodel import DraftFit
 from ..planner.tree import TreeBuilder
 from .store import file_key, llama_version, profile_path, write_json
 
-FIT_VERSION = 2  # 2: runs
+FIT_VERSION = 3  # 2: runs; 3: six kinds of request
 RUN_LEN = 8  # longest run of right guesses counted
 FIT_TOKENS = 32  # target tokens per request
+# One request per kind of work the bench's prompt sets cover (code, chat, maths, summaries, translation,
+# edits), none of them a bench prompt: how often the draft is right differs by kind far more than
+# within one. On the bundled pair a chain of 4 commits, per step, 2.58 (chat) to 4.53 (maths, edits)
+# tokens by request; the first two alone (FIT_VERSION 2's) forecast 2.97, where `bench --quick`
+# committed 3.46 and these six forecast 3.69 (2-core Xeon, lab/runs/xeon-advise-check-*.json).
 FIT_REQUESTS = (
     "Write a Python function that merges overlapping intervals, with a docstring.",
     "Explain in a few sentences why the sky is blue.",
+    "A train leaves at 14:20 and travels 180 km at 80 km/h. When does it arrive? Show the steps.",
+    "Summarise in two sentences: The city council voted to close the old harbour bridge to cars from "
+    "next spring. Cyclists and pedestrians may still cross, and a ferry will run every twenty minutes "
+    "until the new bridge opens in three years. Shop owners near the harbour fear losing customers.",
+    "Translate into French: 'The meeting has moved to Thursday at ten. Please bring the quarterly "
+    "figures and tell me if you cannot attend.'",
+    "Rename the variable `lst` to `numbers` in this function and change nothing else:\n\n```python\n"
+    "def total(lst):\n    s = 0\n    for x in lst:\n        s += x\n    return s\n```",
 )
 Progress = Callable[[str, int, int], None]
 

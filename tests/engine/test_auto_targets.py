@@ -50,7 +50,7 @@ V = 256  # vocabulary
 SAMPLED = SamplingParams(temperature=1.0, seed=1)
 STEPS = 400
 SEEDS = (0, 1, 2)
-FIT_TOKENS = 64  # as edgespec.profile.fit: FIT_TOKENS × 2 requests
+FIT_TOKENS = 64  # the fit's positions (edgespec.profile.fit: 6 requests × 32): fewer, noisier, not kinder
 # (c_t(1) seconds, c_t(16) / c_t(1), c_d(1) / c_t(1)): the table of issue 61 (many-core-cpu.md)
 TABLE = {
     "1.5B/16": (0.0176, 4.4, 0.60),
