@@ -46,4 +46,5 @@ if [ -z "$CUDA_BUILD" ]; then
     python scripts/build_binary.py
     export EDGESPEC_BINARY="$PWD/dist/edgespec"
 fi
-python -m pytest -q -rs "$@"
+# the 25 slowest tests listed at the end: what to trim when the suite nears CI's time
+python -m pytest -q -rs --durations=25 "$@"
