@@ -22,7 +22,8 @@ fixed cost per decode (the graph, the threads' barriers, the 151,936-logit outpu
 N the weights multiplied, a line through two models measured here (the bundled target and draft;
 ``line_through``). The curve's shape c(n)/c(1) is the measured model's of the same role. Checked
 (lab/scripts/advise_check.py) against random-weight files of the real shapes timed on the same CPU: a
-2-core Xeon, the 7B's c_t(1) 350 ms fitted vs 322 measured (+9 %), c_t(16) +10 %; a 16-core Xeon
+2-core Xeon, the 7B's c_t(1) 383 ms fitted vs 401 measured (−5 %), c_t(16) −2 % (three hours
+earlier, when the same machine's c(16)/c(1) was 4.0 and not 5.5: +9 %, +10 %); a 16-core Xeon
 (../shared/notes/many-core-cpu.md), c_t(1) of the 7B −16…−8 % and of the 14B −19…−11 %. (c(1) ∝
 bytes^α through the same two models: +35 % on the 2-core; a line over bytes: +48 %.)
 """
