@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -10,6 +11,11 @@ import pytest
 
 from edgespec.commands import models
 from edgespec.errors import EdgespecError
+
+# Ctrl-C is under test (generate, rpc-server, a load): a suite started in the background by a shell
+# without job control inherits SIGINT ignored, and so would every child. Python's own handler instead.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @dataclass(frozen=True)
