@@ -17,7 +17,7 @@ from tests.support.realmodels import assert_sampled_in_nucleus, chat_prompt, fir
 
 pytestmark = pytest.mark.model
 
-TOKENS = 48
+TOKENS = 32
 
 
 @pytest.fixture

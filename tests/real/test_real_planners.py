@@ -21,7 +21,7 @@ from tests.support.realmodels import assert_sampled_in_nucleus, chat_prompt, fir
 
 pytestmark = pytest.mark.model
 
-TOKENS = 48  # compared against the first 48 tokens of plain decoding
+TOKENS = 32  # compared against the first 32 tokens of plain decoding
 STRATEGIES = {
     "tsd": ChildRule.TOP,
     "gsd": ChildRule.TOP,

@@ -20,7 +20,7 @@ from edgespec.measure.prompts import ENGINE_PROMPTS
 from edgespec.planner.tree import ChildRule, chain_tree
 
 BUNDLED_PAIR = "qwen2.5-coder-1.5b+0.5b"
-MAX_TOKENS = 128  # plain decoding runs this long; strategies compare on a prefix of it
+MAX_TOKENS = 64  # plain decoding runs this long; strategies compare on a prefix of it
 
 
 def bundled_paths() -> tuple[str, str]:
